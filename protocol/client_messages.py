@@ -1,0 +1,109 @@
+"""Messages between the SDK (DEALER) and the scheduler's frontend (ROUTER).
+
+A client may submit any number of requests in one `Generate`; the scheduler answers with
+`RequestOutputs` batches (one per step per client), so per-message costs stay per batch.
+"""
+from typing import Annotated, Literal
+
+import msgspec
+
+from protocol.sampling import SamplingParams, TokenId
+
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+FinishReason = Literal["length", "stop", "abort", "error"]
+
+
+class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
+    """Base of every client-link message; the subclass name is the wire type tag."""
+
+
+# ---- client -> scheduler -------------------------------------------------------------
+
+class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    request_id: RequestId
+    prompt_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)]
+    params: SamplingParams
+    # Higher runs first when the scheduler's priority policy is on; ties in arrival order.
+    priority: int = 0
+    # Stream: an output every step. Otherwise one output, when the request finishes.
+    stream: bool = False
+
+
+class Generate(Message, tag=True):
+    requests: list[GenerateRequest]
+
+
+class Abort(Message, tag=True):
+    request_ids: list[RequestId]
+
+
+class ModelInfoQuery(Message, tag=True):
+    pass
+
+
+class HealthQuery(Message, tag=True):
+    pass
+
+
+# ---- scheduler -> client -------------------------------------------------------------
+
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """One step's logprobs: the sampled token's and the top-N alternatives'."""
+
+    token_id: int
+    logprob: float
+    top_token_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
+class RequestOutput(msgspec.Struct, array_like=True, gc=False):
+    """New tokens of one request since its last output; finish_reason set on its last one."""
+
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class RequestOutputs(Message, tag=True):
+    outputs: list[RequestOutput]
+
+
+class ErrorReply(Message, tag=True):
+    """A frame-level error: the frame did not decode or was not meant for this link."""
+
+    code: str
+    message: str
+
+
+class ModelInfo(Message, tag=True):
+    model: str | None  # None until a worker has said hello
+    vocab_size: int = 0
+    max_model_len: int = 0
+    eos_token_ids: list[int] = []
+    tokenizer_json: str | None = None  # Hugging Face tokenizers JSON, relayed from the worker
+    num_workers: int = 0
+
+
+class Health(Message, tag=True):
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_workers: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_free_state_slots: int
+    num_total_state_slots: int
+    steps_per_s: float
+    num_steps: int
+    num_finished: int
+    # Worker-reported usage, summed over workers (from their last heartbeat or result).
+    worker_kv_blocks_in_use: int = 0
+    worker_state_slots_in_use: int = 0
+
+
+ClientToScheduler = Generate | Abort | ModelInfoQuery | HealthQuery
+SchedulerToClient = RequestOutputs | ErrorReply | ModelInfo | Health

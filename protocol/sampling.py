@@ -1,0 +1,43 @@
+"""SamplingParams: how to pick the next token and when to stop, validated on decode."""
+from typing import Annotated
+
+import msgspec
+
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+MAX_LOGPROBS = 20
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Per-request sampling, with vLLM's defaults and conventions.
+
+    temperature 0 means greedy. top_k 0 or -1 means "no top-k" (vLLM's old and new
+    convention, both accepted). top_p 1 and min_p 0 disable those filters. A seed makes the
+    request's samples reproducible whatever else is in the batch. logprobs=N asks for the
+    sampled token's logprob plus the top N alternatives per step.
+    """
+
+    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 16
+    min_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] = 0
+    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    seed: int | None = None
+    stop_token_ids: list[TokenId] = []
+    ignore_eos: bool = False
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+
+    def __post_init__(self):
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
+        if self.temperature != self.temperature or self.temperature == float("inf"):
+            raise ValueError("temperature must be finite")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_top_k(self) -> bool:
+        return self.top_k > 0

@@ -1,0 +1,2 @@
+# Bumped on any incompatible change of a message; the first byte of every frame.
+PROTOCOL_VERSION = 1

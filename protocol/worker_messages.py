@@ -1,0 +1,112 @@
+"""Messages between the scheduler's worker socket (ROUTER) and each worker (DEALER).
+
+The step plan is incremental: a worker keeps each request's token ids, block table and state
+slot between steps, so a plan carries full data once (new_requests) and then only what changed.
+"""
+from typing import Annotated
+
+import msgspec
+
+from protocol.client_messages import TokenLogprobs
+from protocol.sampling import SamplingParams
+
+BlockId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
+    """Base of every worker-link message; the subclass name is the wire type tag."""
+
+
+# ---- worker -> scheduler -------------------------------------------------------------
+
+class WorkerHello(Message, tag=True):
+    worker_id: str  # unique per worker process
+    model: str
+    device: str
+    dtype: str
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int  # KV blocks on the device
+    num_cpu_blocks: int  # KV blocks in host memory for swap; 0 disables swap
+    num_state_slots: int  # Mamba state slots; 0 for attention-only models
+    eos_token_ids: list[int]
+    tokenizer_json: str | None
+    tensor_parallel_size: int = 1
+    rank: int = 0
+
+
+class StepResult(Message, tag=True):
+    """Sampled tokens of one plan, aligned with plan.new_requests + plan.running_requests.
+
+    -1 marks a request that ran a prefill chunk which did not reach the end of its tokens.
+    """
+
+    step_id: int
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None = None  # aligned likewise, when any asked
+    error: str | None = None  # the whole step failed; the scheduler fails its requests
+
+
+class Heartbeat(Message, tag=True):
+    worker_id: str
+    num_kv_blocks_in_use: int
+    num_state_slots_in_use: int
+    num_requests: int
+
+
+# ---- scheduler -> worker -------------------------------------------------------------
+
+class NewRequestData(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    """A request the worker has no state for: its first scheduling, or after preemption.
+
+    token_ids holds the prompt and any tokens generated before a recompute preemption; the
+    worker computes token_ids[num_computed_tokens : num_computed_tokens + num_new_tokens].
+    num_computed_tokens is 0 except after a swap-in, where the KV of the first
+    num_computed_tokens tokens already lies in block_ids.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    block_ids: list[BlockId]
+    num_computed_tokens: int
+    num_new_tokens: int
+
+
+class RunningRequestData(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    """A request the worker already holds: only blocks appended since its last step."""
+
+    request_id: str
+    new_block_ids: list[BlockId]
+    num_new_tokens: int
+
+
+class StepPlan(Message, tag=True):
+    step_id: int
+    # Freed by the worker (blocks forgotten, state slot released) before it runs this step.
+    # Every request that finished or was aborted since the previous plan, whatever queue it
+    # was in; never lagged, never missing one. Unknown ids are ignored.
+    finished_ids: list[str]
+    # Preempted by recompute: the worker drops their state; they come back as new requests.
+    preempted_ids: list[str]
+    new_requests: list[NewRequestData]
+    running_requests: list[RunningRequestData]
+    # (src, dst) pairs: device block -> cpu block, cpu block -> device block, device -> device.
+    # Applied in this order, after the frees and before the forward.
+    blocks_to_swap_out: list[tuple[int, int]] = []
+    blocks_to_swap_in: list[tuple[int, int]] = []
+    blocks_to_copy: list[tuple[int, int]] = []
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self.new_requests) + len(self.running_requests)
+
+
+class Shutdown(Message, tag=True):
+    reason: str = ""
+
+
+WorkerToScheduler = WorkerHello | StepResult | Heartbeat
+SchedulerToWorker = StepPlan | Shutdown
