@@ -1,0 +1,20 @@
+"""Model classes by the `architectures` name of a Hugging Face config.json."""
+import importlib
+
+_ARCHITECTURES = {
+    "LlamaForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
+    "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
+    "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
+    "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),
+}
+
+
+def model_class(config: dict):
+    for arch in config.get("architectures") or []:
+        if arch in _ARCHITECTURES:
+            module, name = _ARCHITECTURES[arch]
+            return getattr(importlib.import_module(module), name)
+    raise ValueError(f"unsupported architectures {config.get('architectures')}; "
+                     f"supported: {sorted(_ARCHITECTURES)}")
