@@ -1,0 +1,97 @@
+"""Mamba (v1) causal LM, the `MambaForCausalLM` of a Hugging Face config.json.
+
+Every layer is a state-space layer: RMSNorm -> MambaMixer -> residual. No attention, so no KV
+cache; the runner holds one conv and one SSM state tensor per layer, indexed by state slot.
+"""
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from worker_svc.forward_batch import ForwardBatch
+from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.models.mamba_mixer import MambaMixer, RMSNorm
+from worker_svc.models.state_layout import StateLayout
+
+
+class MambaBlock(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        d_inner = cfg.get("intermediate_size") or cfg.get("expand", 2) * hidden
+        dt_rank = cfg.get("time_step_rank", "auto")
+        dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
+        self.norm = RMSNorm(hidden, cfg.get("layer_norm_epsilon", 1e-5))
+        self.mixer = MambaMixer(
+            hidden, d_inner, cfg.get("state_size", 16), cfg.get("conv_kernel", 4), dt_rank,
+            conv_bias=cfg.get("use_conv_bias", True), proj_bias=cfg.get("use_bias", False))
+
+    def forward(self, residual, layout, conv_state, ssm_state, dtype):
+        hidden = self.mixer(self.norm(residual.to(dtype)), layout, conv_state, ssm_state)
+        return residual + hidden  # keeps the residual's dtype (float32 when residual_in_fp32)
+
+
+class MambaForCausalLM(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Mamba hidden_act {config['hidden_act']!r} unsupported (silu only)")
+        self.config, self.dtype = config, dtype
+        hidden = config["hidden_size"]
+        self.residual_in_fp32 = config.get("residual_in_fp32", True)
+        self.embeddings = nn.Embedding(config["vocab_size"], hidden)
+        self.layers = nn.ModuleList(MambaBlock(config) for _ in range(config["num_hidden_layers"]))
+        self.norm_f = RMSNorm(hidden, config.get("layer_norm_epsilon", 1e-5))
+        self.lm_head = nn.Linear(hidden, config["vocab_size"], bias=False)
+        self.tie_word_embeddings = config.get("tie_word_embeddings", True)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embeddings.weight
+        self.to(dtype)
+        self.requires_grad_(False)
+
+    def cache_spec(self) -> CacheSpec:
+        mixer = self.layers[0].mixer
+        return CacheSpec(
+            num_attention_layers=0, num_kv_heads=0, head_dim=0,
+            num_state_layers=len(self.layers),
+            conv_state_shape=(mixer.d_inner, mixer.d_conv),
+            ssm_state_shape=(mixer.d_inner, mixer.d_state),
+        )
+
+    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """Packed batch -> hidden [T, hidden]; updates the state rows of batch.state_slots."""
+        layout = StateLayout.build(batch)
+        residual = self.embeddings(batch.input_ids)  # [T, hidden]
+        if self.residual_in_fp32:
+            residual = residual.float()
+        for i, layer in enumerate(self.layers):
+            residual = layer(residual, layout, caches.conv[i], caches.ssm[i], self.dtype)
+        return self.norm_f(residual.to(self.dtype))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("backbone.").replace("embedding.", "embeddings.")
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue  # the tied head is the embedding; a saved copy must equal it
+            if name not in params:
+                raise KeyError(f"unexpected Mamba weight {hf_name}")
+            _copy(params[name], tensor, hf_name)
+            loaded.add(name)
+        tied = {"lm_head.weight"} if self.tie_word_embeddings else set()
+        missing = set(params) - loaded - tied
+        if missing:
+            raise KeyError(f"Mamba weights missing from the checkpoint: {sorted(missing)}")
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
+                         f"model shape {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(tensor.to(param.dtype))
