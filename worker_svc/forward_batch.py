@@ -21,6 +21,9 @@ class ForwardBatch:
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with 0 past a sequence's blocks
     logits_indices: torch.Tensor  # [S] int64, index into T of each sampled sequence's last token
     state_slots: torch.Tensor | None = None  # [B] int64, Mamba state slot of each sequence
+    # Built by attention.attention_metadata on a forward's first attention layer, shared by the
+    # rest; models without attention never touch it.
+    attn_metadata: object | None = None
 
     @property
     def num_seqs(self) -> int:

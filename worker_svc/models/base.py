@@ -24,6 +24,9 @@ class CacheSpec:
     num_state_layers: int = 0
     conv_state_shape: tuple[int, ...] = ()  # per slot, e.g. (d_inner, d_conv)
     ssm_state_shape: tuple[int, ...] = ()  # per slot, e.g. (d_inner, d_state)
+    # dtype of the conv/ssm state tensors; None: the model's dtype. SSM states are often kept
+    # in float32 for accuracy over long sequences.
+    state_dtype: torch.dtype | None = None
 
     @property
     def has_state(self) -> bool:

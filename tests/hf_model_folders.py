@@ -1,0 +1,67 @@
+"""Real Hugging Face model folders with random weights, for tests that compare with transformers.
+
+Each function builds a small model with transformers (seeded), saves it with save_pretrained in
+float32 plus a byte-level tokenizer.json, and returns the path. Test-only: transformers is a
+test dependency. Keyword overrides go to the transformers config.
+"""
+import os
+
+import torch
+
+from worker_svc.byte_tokenizer import LLAMA_SPECIALS, OPT_SPECIALS, byte_tokenizer_json
+
+
+def _save(model, path: str, specials: dict[str, int]) -> str:
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    with open(os.path.join(path, "tokenizer.json"), "w") as f:
+        f.write(byte_tokenizer_json(model.config.vocab_size, specials))
+    return str(path)
+
+
+def _llama_defaults(**overrides) -> dict:
+    config = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, bos_token_id=LLAMA_SPECIALS["<s>"],
+                  eos_token_id=LLAMA_SPECIALS["</s>"], pad_token_id=LLAMA_SPECIALS["<pad>"],
+                  tie_word_embeddings=False)
+    config.update(overrides)
+    return config
+
+
+def make_llama_folder(path: str, seed: int = 0, **overrides) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**_llama_defaults(**overrides))).float().eval()
+    return _save(model, path, LLAMA_SPECIALS)
+
+
+def make_qwen2_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Qwen2: q/k/v bias, grouped-query attention (4 heads over 2 KV heads), tied embeddings."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    config = _llama_defaults(num_key_value_heads=2, rope_theta=1_000_000.0,
+                             tie_word_embeddings=True)
+    config.update(overrides)
+    model = Qwen2ForCausalLM(Qwen2Config(**config)).float().eval()
+    with torch.no_grad():  # HF initialises biases to 0; make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.02)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
+def make_opt_folder(path: str, seed: int = 0, **overrides) -> str:
+    from transformers import OPTConfig, OPTForCausalLM
+    torch.manual_seed(seed)
+    config = dict(vocab_size=1000, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=64,
+                  do_layer_norm_before=True, bos_token_id=OPT_SPECIALS["</s>"],
+                  eos_token_id=OPT_SPECIALS["</s>"], pad_token_id=OPT_SPECIALS["<pad>"])
+    config.update(overrides)
+    model = OPTForCausalLM(OPTConfig(**config)).float().eval()
+    with torch.no_grad():  # HF initialises biases to 0; make them matter
+        for name, param in model.named_parameters():
+            if name.endswith(".bias") and "layer_norm" not in name:
+                param.normal_(0, 0.02)
+    return _save(model, path, OPT_SPECIALS)

@@ -1,0 +1,68 @@
+"""KV cache memory: how many blocks fit, the device and host tensors, swap and copy of blocks.
+
+Layout per attention layer: [2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]. Block
+ids are the scheduler's; the worker only moves block contents where a plan tells it to.
+"""
+import torch
+
+from worker_svc.models.base import CacheSpec
+
+_GiB = 1 << 30
+
+
+def num_blocks_for_bytes(num_bytes: float, spec: CacheSpec, block_size: int,
+                         dtype: torch.dtype) -> int:
+    if spec.num_attention_layers == 0:
+        return 0
+    return max(0, int(num_bytes // spec.kv_bytes_per_block(block_size, dtype)))
+
+
+def num_device_blocks(spec: CacheSpec, block_size: int, dtype: torch.dtype, device: torch.device,
+                      kv_cache_gb: float, gpu_memory_utilization: float,
+                      reserved_bytes: int = 0) -> int:
+    """CPU: kv_cache_gb. CUDA: what is left of utilization * total after what is already used
+    (weights, other processes) and `reserved_bytes` (activations, measured by the caller)."""
+    if device.type != "cuda":
+        return num_blocks_for_bytes(kv_cache_gb * _GiB, spec, block_size, dtype)
+    free, total = torch.cuda.mem_get_info(device)
+    budget = gpu_memory_utilization * total - (total - free) - reserved_bytes
+    return num_blocks_for_bytes(budget, spec, block_size, dtype)
+
+
+def allocate_kv(spec: CacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype,
+                device: torch.device, pin_memory: bool = False) -> list[torch.Tensor]:
+    shape = (2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    # Zeroed, so a padded block-table entry (block 0) never feeds NaN garbage to the softmax.
+    return [torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+            for _ in range(spec.num_attention_layers)]
+
+
+def allocate_state(spec: CacheSpec, num_slots: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """conv[i]: [num_slots, *conv_state_shape], ssm[i]: [num_slots, *ssm_state_shape]."""
+    if not spec.has_state:
+        return [], []
+    state_dtype = spec.state_dtype or dtype
+    conv = [torch.zeros((num_slots, *spec.conv_state_shape), dtype=state_dtype, device=device)
+            for _ in range(spec.num_state_layers)]
+    ssm = [torch.zeros((num_slots, *spec.ssm_state_shape), dtype=state_dtype, device=device)
+           for _ in range(spec.num_state_layers)]
+    return conv, ssm
+
+
+def _pairs(pairs: list[tuple[int, int]]):
+    ids = torch.tensor(pairs, dtype=torch.int64)  # [N, 2]: (src, dst)
+    return ids[:, 0], ids[:, 1]
+
+
+def swap_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor],
+                pairs: list[tuple[int, int]]) -> None:
+    """Copy blocks src -> dst between two caches (device -> host, host -> device, or within one
+    cache for copy-on-write); every layer's k and v move in one indexed copy."""
+    if not pairs:
+        return
+    src_ids, dst_ids = _pairs(pairs)
+    for src, dst in zip(src_caches, dst_caches):
+        # blocks: [2, N, block_size, Hkv, D]
+        blocks = src[:, src_ids.to(src.device)].to(dst.device, non_blocking=True)
+        dst[:, dst_ids.to(dst.device)] = blocks

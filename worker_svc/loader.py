@@ -1,0 +1,120 @@
+"""Model loading: a Hugging Face folder or a built-in preset, real or seeded random weights.
+
+Random ("dummy") weights are a pure function of (parameter name, shape, seed): two processes
+that load the same preset get bit-identical weights, which end-to-end tests rely on.
+"""
+import glob
+import json
+import os
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from worker_svc import presets
+from worker_svc.byte_tokenizer import byte_tokenizer_json
+from worker_svc.models import model_class
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+_DUMMY_STD = 0.02  # like Hugging Face's initializer_range
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: dict
+    model: torch.nn.Module
+    dtype: torch.dtype
+    device: torch.device
+    tokenizer_json: str | None
+    eos_token_ids: list[int]
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+
+def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
+               load_format: str = "auto", seed: int = 0) -> LoadedModel:
+    """model: a preset name (presets.PRESETS) or a Hugging Face model folder."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format {load_format!r} not in {LOAD_FORMATS}")
+    device = torch.device(device)
+    if presets.is_preset(model):
+        config = presets.preset_config(model)
+        tokenizer_json = byte_tokenizer_json(config["vocab_size"], presets.preset_specials(config))
+        load_format = "dummy"  # presets have no weights but their seeded random ones
+    elif os.path.isdir(model):
+        with open(os.path.join(model, "config.json")) as f:
+            config = json.load(f)
+        tokenizer_json = _read_optional(os.path.join(model, "tokenizer.json"))
+    else:
+        raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}) nor a folder")
+    torch_dtype = resolve_dtype(dtype, config, is_folder=not presets.is_preset(model), device=device)
+    with torch.device(device):
+        module = model_class(config)(config, torch_dtype)
+    if load_format == "dummy":
+        init_dummy_weights(module, seed)
+    else:
+        module.load_weights(_iter_checkpoint(model, load_format))
+    module.eval()
+    eos = _eos_token_ids(config, None if presets.is_preset(model) else model)
+    return LoadedModel(model, config, module, torch_dtype, device, tokenizer_json, eos)
+
+
+def resolve_dtype(dtype: str, config: dict, is_folder: bool, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} not in {sorted(DTYPES)} or 'auto'")
+        return DTYPES[dtype]
+    if is_folder:
+        name = config.get("torch_dtype") or config.get("dtype") or "float32"
+        return DTYPES.get(name, torch.float32)
+    # Presets: bfloat16 is the fast path on CPUs with AMX and the usual choice on GPUs.
+    return torch.bfloat16
+
+
+@torch.no_grad()
+def init_dummy_weights(module: torch.nn.Module, seed: int = 0) -> None:
+    """Seeded normal(0, 0.02) weights and biases; norm weights 1 so activations stay sane."""
+    for name, param in module.named_parameters():
+        if "norm" in name and name.endswith(".weight"):
+            param.fill_(1.0)
+            continue
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+        param.copy_(values.mul_(_DUMMY_STD))
+
+
+def _iter_checkpoint(folder: str, load_format: str):
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if files and load_format in ("auto", "safetensors"):
+        from safetensors import safe_open
+        for path in files:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(glob.glob(os.path.join(folder, "*.bin")))
+    if not bins or load_format == "safetensors":
+        raise FileNotFoundError(f"no {load_format} weights in {folder}")
+    for path in bins:
+        yield from torch.load(path, map_location="cpu", weights_only=True).items()
+
+
+def _eos_token_ids(config: dict, folder: str | None) -> list[int]:
+    ids = config.get("eos_token_id")
+    generation = folder and _read_optional(os.path.join(folder, "generation_config.json"))
+    if generation is not None:
+        ids = json.loads(generation).get("eos_token_id", ids)
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+def _read_optional(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read()

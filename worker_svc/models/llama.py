@@ -1,0 +1,114 @@
+"""Llama, and the configs that differ from it only by options: Mistral and Qwen2.
+
+Options read from config.json: num_key_value_heads (GQA), head_dim, rope_theta (or transformers
+5's rope_parameters), rms_norm_eps, attention_bias (all four projections, Llama) or Qwen2's
+q/k/v bias, mlp_bias, tie_word_embeddings.
+"""
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker_svc.attention import attention_metadata, paged_attention
+from worker_svc.forward_batch import ForwardBatch
+from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, load_hf_weights
+
+
+def _rope_theta(config: dict) -> float:
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise NotImplementedError(f"rope type {rope_type!r} is not supported")
+    return float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        hidden_size = config["hidden_size"]
+        self.num_heads = config["num_attention_heads"]
+        self.num_kv_heads = config.get("num_key_value_heads") or self.num_heads
+        self.head_dim = config.get("head_dim") or hidden_size // self.num_heads
+        attention_bias = bool(config.get("attention_bias", False))
+        qkv_bias = attention_bias or config.get("model_type") == "qwen2"
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(hidden_size, q_size + 2 * kv_size, qkv_bias, dtype,
+                               shard_sizes=(q_size, kv_size, kv_size))
+        self.o_proj = Linear(q_size, hidden_size, attention_bias, dtype)
+
+    def forward(self, x, rotary: RotaryEmbedding, positions, kv_cache, meta) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        return self.o_proj(paged_attention(q, k, v, kv_cache, meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        hidden_size, inter = config["hidden_size"], config["intermediate_size"]
+        bias = bool(config.get("mlp_bias", False))
+        if config.get("hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act {config['hidden_act']!r}")
+        self.gate_up_proj = Linear(hidden_size, 2 * inter, bias, dtype, shard_sizes=(inter, inter))
+        self.down_proj = Linear(inter, hidden_size, bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        eps = config.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
+        self.self_attn = LlamaAttention(config, dtype)
+        self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
+        self.mlp = LlamaMLP(config, dtype)
+
+    def forward(self, h, rotary, positions, kv_cache, meta) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rotary, positions, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        hidden_size = config["hidden_size"]
+        self.embed_tokens = Embedding(config["vocab_size"], hidden_size, dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype)
+                                    for _ in range(config["num_hidden_layers"]))
+        self.norm = RMSNorm(hidden_size, config.get("rms_norm_eps", 1e-6), dtype)
+        self.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = Linear(hidden_size, config["vocab_size"], False, dtype)
+        attn = self.layers[0].self_attn
+        self.rotary = RotaryEmbedding(attn.head_dim, config.get("max_position_embeddings", 2048),
+                                      _rope_theta(config), dtype)
+
+    def cache_spec(self) -> CacheSpec:
+        attn = self.layers[0].self_attn
+        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_kv_heads,
+                         head_dim=attn.head_dim)
+
+    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        meta = attention_metadata(batch, block_size=caches.kv[0].shape[2])
+        h = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        for layer, kv_cache in zip(self.layers, caches.kv):
+            h = layer(h, self.rotary, batch.positions, kv_cache, meta)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()  # [S, vocab]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skip = ("rotary_emb.inv_freq",) + (("lm_head.",) if self.tie_word_embeddings else ())
+        load_hf_weights(self, weights, prefixes=("model.",), skip=skip)

@@ -1,0 +1,113 @@
+"""OPT (facebook/opt-*): learned positions (offset 2), LayerNorm, ReLU MLP, tied LM head.
+
+Covers pre-LN (do_layer_norm_before, all sizes but 350m) and post-LN, and 350m's
+project_in/project_out when word_embed_proj_dim differs from hidden_size.
+"""
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker_svc.attention import attention_metadata, paged_attention
+from worker_svc.forward_batch import ForwardBatch
+from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.models.layers import Embedding, Linear, load_hf_weights
+
+_POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (fairseq heritage)
+
+
+def _layer_norm(dim: int, config: dict, dtype: torch.dtype) -> nn.LayerNorm:
+    norm = nn.LayerNorm(dim, elementwise_affine=config.get("layer_norm_elementwise_affine", True),
+                        dtype=dtype)
+    norm.requires_grad_(False)
+    return norm
+
+
+class OPTAttention(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        hidden_size = config["hidden_size"]
+        self.num_heads = config["num_attention_heads"]
+        self.head_dim = hidden_size // self.num_heads
+        bias = config.get("enable_bias", True)
+        self.qkv_proj = Linear(hidden_size, 3 * hidden_size, bias, dtype,
+                               shard_sizes=(hidden_size,) * 3)
+        self.out_proj = Linear(hidden_size, hidden_size, bias, dtype)
+
+    def forward(self, x, kv_cache, meta) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
+        return self.out_proj(paged_attention(q, k, v, kv_cache, meta))  # q/k/v: [T, H, D]
+
+
+class OPTDecoderLayer(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        hidden_size = config["hidden_size"]
+        self.pre_norm = config.get("do_layer_norm_before", True)
+        if config.get("activation_function", "relu") != "relu":
+            raise NotImplementedError(f"activation {config['activation_function']!r}")
+        bias = config.get("enable_bias", True)
+        self.self_attn = OPTAttention(config, dtype)
+        self.self_attn_layer_norm = _layer_norm(hidden_size, config, dtype)
+        self.fc1 = Linear(hidden_size, config["ffn_dim"], bias, dtype)
+        self.fc2 = Linear(config["ffn_dim"], hidden_size, bias, dtype)
+        self.final_layer_norm = _layer_norm(hidden_size, config, dtype)
+
+    def forward(self, h, kv_cache, meta) -> torch.Tensor:
+        x = self.self_attn_layer_norm(h) if self.pre_norm else h
+        h = h + self.self_attn(x, kv_cache, meta)
+        if not self.pre_norm:
+            h = self.self_attn_layer_norm(h)
+        x = self.final_layer_norm(h) if self.pre_norm else h
+        h = h + self.fc2(F.relu(self.fc1(x)))
+        return h if self.pre_norm else self.final_layer_norm(h)
+
+
+class OPTForCausalLM(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        hidden_size = config["hidden_size"]
+        embed_dim = config.get("word_embed_proj_dim") or hidden_size
+        self.embed_tokens = Embedding(config["vocab_size"], embed_dim, dtype)
+        self.embed_positions = Embedding(config["max_position_embeddings"] + _POSITION_OFFSET,
+                                         hidden_size, dtype)
+        self.project_in = self.project_out = None
+        if embed_dim != hidden_size:
+            self.project_in = Linear(embed_dim, hidden_size, False, dtype)
+            self.project_out = Linear(hidden_size, embed_dim, False, dtype)
+        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype)
+                                    for _ in range(config["num_hidden_layers"]))
+        self.final_layer_norm = None
+        if config.get("do_layer_norm_before", True) and not config.get("_remove_final_layer_norm"):
+            self.final_layer_norm = _layer_norm(hidden_size, config, dtype)
+        self.tie_word_embeddings = config.get("tie_word_embeddings", True)
+        if not self.tie_word_embeddings:
+            self.lm_head = Linear(embed_dim, config["vocab_size"], False, dtype)
+
+    def cache_spec(self) -> CacheSpec:
+        attn = self.layers[0].self_attn
+        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_heads,
+                         head_dim=attn.head_dim)
+
+    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        meta = attention_metadata(batch, block_size=caches.kv[0].shape[2])
+        h = self.embed_tokens(batch.input_ids)  # [T, embed_dim]
+        if self.project_in is not None:
+            h = self.project_in(h)
+        h = h + self.embed_positions(batch.positions + _POSITION_OFFSET)  # [T, hidden]
+        for layer, kv_cache in zip(self.layers, caches.kv):
+            h = layer(h, kv_cache, meta)
+        if self.final_layer_norm is not None:
+            h = self.final_layer_norm(h)
+        return self.project_out(h) if self.project_out is not None else h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()  # [S, vocab]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skip = ("lm_head.",) if self.tie_word_embeddings else ()
+        load_hf_weights(self, weights, prefixes=("model.decoder.", "decoder."), skip=skip)

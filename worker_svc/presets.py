@@ -1,0 +1,53 @@
+"""Built-in model presets: Hugging Face style config.json dicts, random weights, byte tokenizer.
+
+They let every test, benchmark and demo run with no download. `tiny-llama` is the shape the
+peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape.
+"""
+from worker_svc.byte_tokenizer import LLAMA_SPECIALS, OPT_SPECIALS
+
+
+def _llama(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+           max_positions) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": vocab_size, "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
+        "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+        "bos_token_id": LLAMA_SPECIALS["<s>"], "eos_token_id": LLAMA_SPECIALS["</s>"],
+        "pad_token_id": LLAMA_SPECIALS["<pad>"], "torch_dtype": "float32",
+    }
+
+
+def _opt(vocab_size, hidden_size, ffn_dim, num_layers, num_heads, max_positions) -> dict:
+    return {
+        "architectures": ["OPTForCausalLM"], "model_type": "opt",
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "ffn_dim": ffn_dim,
+        "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+        "max_position_embeddings": max_positions, "word_embed_proj_dim": hidden_size,
+        "do_layer_norm_before": True, "activation_function": "relu", "enable_bias": True,
+        "layer_norm_elementwise_affine": True, "tie_word_embeddings": True,
+        "bos_token_id": OPT_SPECIALS["</s>"], "eos_token_id": OPT_SPECIALS["</s>"],
+        "pad_token_id": OPT_SPECIALS["<pad>"], "torch_dtype": "float32",
+    }
+
+
+PRESETS: dict[str, dict] = {
+    "tiny-llama": _llama(32000, 256, 688, 4, 4, 4, 2048),
+    "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
+    "tiny-opt": _opt(1000, 128, 512, 2, 4, 512),
+    "opt-125m": _opt(50272, 768, 3072, 12, 12, 2048),
+}
+
+
+def preset_specials(config: dict) -> dict[str, int]:
+    return OPT_SPECIALS if config["model_type"] == "opt" else LLAMA_SPECIALS
+
+
+def is_preset(name: str) -> bool:
+    return name in PRESETS
+
+
+def preset_config(name: str) -> dict:
+    return dict(PRESETS[name])

@@ -1,0 +1,154 @@
+"""RequestTable: the worker's per-request state, one row per request in preallocated numpy arrays.
+
+Rows make a step's input preparation a few vectorised gathers over the scheduled rows. Arrays
+grow by doubling when more requests are held than rows exist; rows are reused via a free list.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.worker_messages import NewRequestData
+from worker_svc.sampler import SamplingMetadata
+
+
+@dataclass
+class StepInputs:
+    rows: np.ndarray  # [B] row of each scheduled sequence
+    query_lens: np.ndarray  # [B]
+    num_computed_tokens: np.ndarray  # [B] before this step
+    context_lens: np.ndarray  # [B] after this step
+    query_start_loc: np.ndarray  # [B + 1]
+    input_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T]
+    block_tables: np.ndarray  # [B, max_blocks], trimmed to the longest context
+    sampled_mask: np.ndarray  # [B] bool: the sequence reaches the end of its known tokens
+    logits_indices: np.ndarray  # [S] last token of each sampled sequence
+
+
+class RequestTable:
+    def __init__(self, max_model_len: int, block_size: int, eos_token_ids: list[int],
+                 num_rows: int = 64):
+        self.max_model_len, self.block_size = max_model_len, block_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.max_blocks = -(-max_model_len // block_size)
+        self.row_of: dict[str, int] = {}
+        self.stop_ids: dict[int, list[int]] = {}  # row -> tokens banned before min_tokens
+        self._free_rows: list[int] = []
+        self.num_rows = 0
+        self._grow(num_rows)
+
+    def _grow(self, num_rows: int) -> None:
+        def resized(name: str, shape: tuple, dtype, fill=0):
+            new = np.full(shape, fill, dtype=dtype)
+            if self.num_rows:
+                new[:self.num_rows] = getattr(self, name)
+            setattr(self, name, new)
+
+        # +1 column: the token sampled at max_model_len is stored, then the request finishes.
+        resized("token_ids", (num_rows, self.max_model_len + 1), np.int64)
+        resized("block_table", (num_rows, self.max_blocks), np.int64)
+        for name in ("num_tokens", "num_computed", "num_prompt", "num_blocks", "min_tokens",
+                     "top_k", "state_slot"):
+            resized(name, (num_rows,), np.int64)
+        resized("seed", (num_rows,), np.int64, -1)
+        resized("num_logprobs", (num_rows,), np.int64, -1)
+        for name in ("temperature", "top_p", "min_p"):
+            resized(name, (num_rows,), np.float32)
+        self._free_rows += range(num_rows - 1, self.num_rows - 1, -1)
+        self.num_rows = num_rows
+
+    # ---- membership ----------------------------------------------------------------------
+
+    def add(self, new: NewRequestData) -> int:
+        assert new.request_id not in self.row_of, f"{new.request_id} is already held"
+        num_tokens = len(new.token_ids)
+        if num_tokens > self.max_model_len:
+            raise ValueError(f"{new.request_id}: {num_tokens} tokens > max_model_len {self.max_model_len}")
+        if not self._free_rows:
+            self._grow(2 * self.num_rows)
+        row = self._free_rows.pop()
+        self.row_of[new.request_id] = row
+        self.token_ids[row, :num_tokens] = new.token_ids
+        self.num_tokens[row] = num_tokens
+        self.num_computed[row] = new.num_computed_tokens
+        self.num_prompt[row] = new.num_prompt_tokens
+        self.num_blocks[row] = 0
+        self.append_blocks(row, new.block_ids)
+        p = new.params
+        self.temperature[row] = p.temperature
+        self.top_k[row] = max(p.top_k, 0)
+        self.top_p[row], self.min_p[row] = p.top_p, p.min_p
+        self.seed[row] = -1 if p.seed is None else p.seed
+        self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
+        self.min_tokens[row] = p.min_tokens
+        if p.min_tokens:
+            self.stop_ids[row] = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
+        return row
+
+    def remove(self, request_id: str) -> None:
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self.stop_ids.pop(row, None)
+            self._free_rows.append(row)
+
+    def append_blocks(self, row: int, block_ids: list[int]) -> None:
+        start = int(self.num_blocks[row])
+        if start + len(block_ids) > self.max_blocks:
+            raise ValueError(f"more than {self.max_blocks} blocks for one request")
+        self.block_table[row, start:start + len(block_ids)] = block_ids
+        self.num_blocks[row] = start + len(block_ids)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.row_of)
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        rows = list(self.row_of.values())
+        return int(self.num_blocks[rows].sum()) if rows else 0
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray) -> StepInputs:
+        bs = self.block_size
+        num_computed = self.num_computed[rows]
+        context_lens = num_computed + query_lens
+        if (context_lens > self.num_tokens[rows]).any():
+            raise ValueError("a plan computes tokens the worker does not have")
+        if (-(-context_lens // bs) > self.num_blocks[rows]).any():
+            raise ValueError("a plan computes tokens past a request's blocks")
+        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        if len(rows) == int(query_start_loc[-1]):  # decode only: one token per sequence
+            token_rows, positions = rows, num_computed
+        else:
+            token_rows = np.repeat(rows, query_lens)
+            positions = (np.arange(query_start_loc[-1])
+                         - np.repeat(query_start_loc[:-1] - num_computed, query_lens))
+        slot_mapping = self.block_table[token_rows, positions // bs] * bs + positions % bs
+        max_blocks = int(-(-context_lens.max() // bs))
+        sampled_mask = context_lens == self.num_tokens[rows]
+        return StepInputs(
+            rows=rows, query_lens=query_lens, num_computed_tokens=num_computed,
+            context_lens=context_lens, query_start_loc=query_start_loc,
+            input_ids=self.token_ids[token_rows, positions], positions=positions,
+            slot_mapping=slot_mapping, block_tables=self.block_table[rows, :max_blocks],
+            sampled_mask=sampled_mask, logits_indices=query_start_loc[1:][sampled_mask] - 1)
+
+    def sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        num_generated = self.num_tokens[rows] - self.num_prompt[rows]
+        banned = []
+        if self.stop_ids:
+            for i in np.flatnonzero(self.min_tokens[rows] > num_generated).tolist():
+                banned.append((i, self.stop_ids[int(rows[i])]))
+        return SamplingMetadata(
+            temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
+            min_p=self.min_p[rows], seed=self.seed[rows], num_generated=num_generated,
+            num_logprobs=self.num_logprobs[rows], banned=banned)
+
+    def advance(self, rows: np.ndarray, query_lens: np.ndarray, sampled_rows: np.ndarray,
+                tokens: np.ndarray) -> None:
+        self.num_computed[rows] += query_lens
+        self.token_ids[sampled_rows, self.num_tokens[sampled_rows]] = tokens
+        self.num_tokens[sampled_rows] += 1

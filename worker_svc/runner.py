@@ -1,0 +1,165 @@
+"""ModelRunner: executes the scheduler's incremental step plans on one model.
+
+It keeps, per request it holds, the token ids, the number of computed tokens, the block table
+and the sampling parameters, in preallocated numpy tables indexed by a row per request, so
+building a step's inputs is a handful of vectorised gathers, never a Python loop per token.
+
+A step, in order: free finished and preempted requests; swap out, swap in, copy blocks; register
+new requests; append running requests' new blocks; one forward; sample the sequences whose
+computed tokens reached the end of their known tokens; append the sampled tokens.
+"""
+import logging
+
+import numpy as np
+import torch
+
+from protocol.worker_messages import StepPlan, StepResult, WorkerHello
+from worker_svc import kv_cache
+from worker_svc.forward_batch import ForwardBatch
+from worker_svc.loader import load_model
+from worker_svc.models.base import ModelCaches
+from worker_svc.request_table import RequestTable
+from worker_svc.runner_config import RunnerConfig
+from worker_svc.sampler import sample
+from worker_svc.state_slots import StateSlotPool
+
+log = logging.getLogger(__name__)
+_GiB = 1 << 30
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig):
+        self.config = config
+        self.loaded = load_model(config.model, dtype=config.dtype, device=config.device,
+                                 load_format=config.load_format, seed=config.seed)
+        self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
+        model_config = self.loaded.config
+        self.vocab_size = model_config["vocab_size"]
+        self.max_model_len = config.max_model_len or model_config.get("max_position_embeddings", 2048)
+        self.block_size = config.block_size
+        self.spec = self.model.cache_spec()
+        self.num_gpu_blocks = config.num_gpu_blocks
+        if self.num_gpu_blocks is None:
+            self.num_gpu_blocks = kv_cache.num_device_blocks(
+                self.spec, self.block_size, self.dtype, self.device, config.kv_cache_gb,
+                config.gpu_memory_utilization)
+        self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
+            config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
+        self.caches = ModelCaches(kv=kv_cache.allocate_kv(
+            self.spec, self.num_gpu_blocks, self.block_size, self.dtype, self.device))
+        self.cpu_kv = kv_cache.allocate_kv(self.spec, self.num_cpu_blocks, self.block_size,
+                                           self.dtype, torch.device("cpu"),
+                                           pin_memory=self.device.type == "cuda")
+        self.num_state_slots = config.num_state_slots if self.spec.has_state else 0
+        self.caches.conv, self.caches.ssm = kv_cache.allocate_state(
+            self.spec, self.num_state_slots, self.dtype, self.device)
+        self.state_slots = StateSlotPool(self.num_state_slots)
+        self.requests = RequestTable(self.max_model_len, self.block_size,
+                                     self.loaded.eos_token_ids)
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one plan; a failure becomes StepResult(error=...), the worker keeps serving."""
+        try:
+            with torch.inference_mode():
+                return self._execute(plan)
+        except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which fails the step
+            log.exception("step %d failed", plan.step_id)
+            return StepResult(step_id=plan.step_id, sampled_token_ids=[],
+                              error=f"{type(exc).__name__}: {exc}")
+
+    def _execute(self, plan: StepPlan) -> StepResult:
+        for request_id in (*plan.finished_ids, *plan.preempted_ids):
+            self._free(request_id)
+        kv_cache.swap_blocks(self.caches.kv, self.cpu_kv, plan.blocks_to_swap_out)
+        kv_cache.swap_blocks(self.cpu_kv, self.caches.kv, plan.blocks_to_swap_in)
+        kv_cache.swap_blocks(self.caches.kv, self.caches.kv, plan.blocks_to_copy)
+        rows, query_lens = [], []
+        for new in plan.new_requests:
+            self._free(new.request_id)  # a resumed request replaces whatever we held
+            rows.append(self.requests.add(new))
+            query_lens.append(new.num_new_tokens)
+            if self.spec.has_state:
+                self._take_state_slot(new.request_id, rows[-1])
+        for running in plan.running_requests:
+            row = self.requests.row_of[running.request_id]
+            if running.new_block_ids:
+                self.requests.append_blocks(row, running.new_block_ids)
+            rows.append(row)
+            query_lens.append(running.num_new_tokens)
+        if not rows:
+            return StepResult(step_id=plan.step_id, sampled_token_ids=[])
+        return self._run(plan.step_id, np.array(rows), np.array(query_lens, dtype=np.int64))
+
+    def _run(self, step_id: int, rows: np.ndarray, query_lens: np.ndarray) -> StepResult:
+        inputs = self.requests.prepare_inputs(rows, query_lens)
+        batch = self._to_batch(inputs)
+        hidden = self.model(batch, self.caches)  # [T, hidden]
+        sampled = inputs.sampled_mask  # [B] bool
+        tokens, logprobs = np.empty(0, dtype=np.int64), None
+        if sampled.any():
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] float32
+            tokens, logprobs = sample(logits, self.requests.sampling_metadata(rows[sampled]))
+        self.requests.advance(rows, query_lens, rows[sampled], tokens)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        out[sampled] = tokens
+        if logprobs is not None:
+            aligned = [None] * len(rows)
+            for i, lp in zip(np.flatnonzero(sampled).tolist(), logprobs):
+                aligned[i] = lp
+            logprobs = aligned
+        return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs)
+
+    def _to_batch(self, inputs) -> ForwardBatch:
+        def tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+        state_slots = None
+        if self.spec.has_state:
+            state_slots = tensor(self.requests.state_slot[inputs.rows])
+        return ForwardBatch(
+            input_ids=tensor(inputs.input_ids), positions=tensor(inputs.positions),
+            query_start_loc=tensor(inputs.query_start_loc), query_lens=inputs.query_lens.tolist(),
+            context_lens=tensor(inputs.context_lens),
+            num_computed_tokens=inputs.num_computed_tokens.tolist(),
+            slot_mapping=tensor(inputs.slot_mapping), block_tables=tensor(inputs.block_tables),
+            logits_indices=tensor(inputs.logits_indices), state_slots=state_slots)
+
+    # ---- request state ----------------------------------------------------------------------
+
+    def _free(self, request_id: str) -> None:
+        self.requests.remove(request_id)
+        if self.spec.has_state:
+            self.state_slots.free(request_id)
+
+    def _take_state_slot(self, request_id: str, row: int) -> None:
+        slot = self.state_slots.allocate(request_id)
+        self.requests.state_slot[row] = slot
+        for conv, ssm in zip(self.caches.conv, self.caches.ssm):
+            conv[slot].zero_()  # a reused slot must not leak the previous request's state
+            ssm[slot].zero_()
+
+    # ---- info --------------------------------------------------------------------------------
+
+    def hello(self, worker_id: str, tensor_parallel_size: int = 1, rank: int = 0) -> WorkerHello:
+        return WorkerHello(
+            worker_id=worker_id, model=self.loaded.name, device=str(self.device),
+            dtype=self.loaded.dtype_name, vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len, block_size=self.block_size,
+            num_gpu_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks,
+            num_state_slots=self.num_state_slots, eos_token_ids=self.loaded.eos_token_ids,
+            tokenizer_json=self.loaded.tokenizer_json,
+            tensor_parallel_size=tensor_parallel_size, rank=rank)
+
+    def stats(self) -> dict[str, int]:
+        """Field names of protocol Heartbeat: Heartbeat(worker_id=..., **runner.stats())."""
+        return {"num_kv_blocks_in_use": self.requests.num_blocks_in_use,
+                "num_state_slots_in_use": self.state_slots.num_in_use,
+                "num_requests": self.requests.num_requests}
+
+    def check_integrity(self) -> None:
+        """Idle check: every held request of a state model owns exactly one slot."""
+        self.state_slots.check_integrity()
+        if self.spec.has_state:
+            assert self.state_slots.num_in_use == self.requests.num_requests, "state slots leaked"

@@ -1,0 +1,38 @@
+"""RunnerConfig: how a worker loads its model and sizes its memory; validated where built."""
+import argparse
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model: str = "tiny-llama"  # a preset name (worker_svc.presets) or a Hugging Face folder
+    dtype: str = "auto"  # float32 / bfloat16 / float16 / auto (folder: config; preset: bf16)
+    device: str = "cpu"  # cpu or cuda:N
+    load_format: str = "auto"  # auto / safetensors / pt / dummy (seeded random weights)
+    seed: int = 0  # of dummy weights
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the config's max_position_embeddings
+    kv_cache_gb: float = 1.0  # CPU: KV cache size
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of the device's memory we may fill
+    swap_space_gb: float = 0.0  # host memory for swapped-out blocks; 0 disables swap
+    num_state_slots: int = 256  # Mamba state slots, for models with state layers
+    num_gpu_blocks: int | None = None  # override the computed number of device KV blocks
+
+    def __post_init__(self):
+        if self.block_size <= 0 or self.num_state_slots < 0:
+            raise ValueError("block_size must be > 0 and num_state_slots >= 0")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.kv_cache_gb < 0 or self.swap_space_gb < 0:
+            raise ValueError("kv_cache_gb and swap_space_gb must be >= 0")
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """--model, --dtype, ... one flag per RunnerConfig field, with its default."""
+    for f in fields(RunnerConfig):
+        kind = int if f.default is None else type(f.default)  # the optional fields are ints
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+
+
+def from_args(args: argparse.Namespace) -> RunnerConfig:
+    return RunnerConfig(**{f.name: getattr(args, f.name) for f in fields(RunnerConfig)})
