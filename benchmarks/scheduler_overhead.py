@@ -1,0 +1,151 @@
+"""Scheduler core overhead alone: cost of schedule() + update() with N requests waiting.
+
+A fake executor returns random tokens, so the numbers are the core's own Python work. The
+waiting queue is held at N (each finished request is replaced, outside the timed region),
+and the same number of steady-state steps with a full running batch is timed for every size.
+
+    python -m benchmarks.scheduler_overhead --sizes 1000,10000,100000,1000000 --json
+"""
+import argparse
+import gc
+import json
+import random
+import resource
+import statistics
+import time
+
+from protocol.sampling import SamplingParams
+from protocol.worker_messages import StepResult
+from scheduler_svc.config import SchedulerConfig, WorkerCapacity
+from scheduler_svc.gc_tuning import tune_gc_for_large_queues
+from scheduler_svc.request import Request
+from scheduler_svc.scheduler import Scheduler
+
+
+class RandomTokenExecutor:
+    """Stands in for the worker: one random token per scheduled request."""
+
+    def __init__(self, seed: int, vocab_size: int = 32000):
+        self._rng = random.Random(seed)
+        self._vocab_size = vocab_size
+
+    def run(self, plan) -> StepResult:
+        rand = self._rng.randrange
+        tokens = [rand(self._vocab_size) for _ in range(plan.num_scheduled)]
+        return StepResult(step_id=plan.step_id, sampled_token_ids=tokens)
+
+
+def _current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Workload:
+    def __init__(self, args):
+        self.args = args
+        self.params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
+        rng = random.Random(0)
+        self.token_pool = [rng.randrange(32000) for _ in range(4096 + args.input_len)]
+        self.next_id = 0
+
+    def new_request(self) -> Request:
+        i = self.next_id
+        self.next_id += 1
+        start = i % 4096
+        return Request(f"req-{i}", self.token_pool[start:start + self.args.input_len], self.params)
+
+
+def run_size(num_waiting: int, args) -> dict:
+    config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                             block_size=args.block_size)
+    blocks_per_request = -(-(args.input_len + args.output_len) // args.block_size)
+    capacity = WorkerCapacity(num_gpu_blocks=args.max_num_seqs * blocks_per_request * 2,
+                              max_model_len=2048, eos_token_ids=(2,))
+    scheduler = Scheduler(config, capacity)
+    workload = Workload(args)
+    gc.collect()
+    rss_before = _current_rss_mb()
+    for _ in range(num_waiting):
+        scheduler.add_request(workload.new_request())
+    bytes_per_waiting = (_current_rss_mb() - rss_before) * 2**20 / num_waiting
+    if not args.no_gc_tuning:
+        tune_gc_for_large_queues()
+    executor = RandomTokenExecutor(seed=num_waiting)
+    step_us, num_tokens, num_full = [], 0, 0
+    perf = time.perf_counter
+    for step in range(args.warmup_steps + args.steps):
+        t0 = perf()
+        plan = scheduler.schedule()
+        t1 = perf()
+        result = executor.run(plan)
+        t2 = perf()
+        updates = scheduler.update(plan, result)
+        t3 = perf()
+        if step >= args.warmup_steps:
+            step_us.append((t1 - t0 + t3 - t2) * 1e6)
+            num_tokens += sum(d.num_new_tokens for d in plan.new_requests)
+            num_tokens += sum(d.num_new_tokens for d in plan.running_requests)
+            num_full += plan.num_scheduled == args.max_num_seqs
+        for update in updates:  # hold the queue at num_waiting
+            if update.finish_reason is not None:
+                scheduler.add_request(workload.new_request())
+    assert scheduler.num_waiting >= num_waiting - args.max_num_seqs
+    row = {
+        "waiting": num_waiting,
+        "us_per_step": round(statistics.median(step_us), 1),
+        "us_per_step_mean": round(statistics.fmean(step_us), 1),
+        "us_per_step_p99": round(sorted(step_us)[int(len(step_us) * 0.99)], 1),
+        "us_per_token": round(sum(step_us) / num_tokens, 3),
+        "tokens_per_step": round(num_tokens / args.steps, 1),
+        "full_batch_steps": num_full,
+        "steps": args.steps,
+        "bytes_per_waiting": round(bytes_per_waiting),
+        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "gc_tuning": not args.no_gc_tuning,
+    }
+    del scheduler, workload
+    gc.unfreeze()
+    gc.collect()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000,100000,1000000")
+    parser.add_argument("--steps", type=int, default=400, help="timed steady-state steps per size")
+    parser.add_argument("--warmup-steps", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--no-gc-tuning", action="store_true")
+    parser.add_argument("--json", action="store_true", help="one JSON object per size, then the table")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    run_size(1000, args)  # discarded: warms the interpreter and the CPU before the first size
+    rows = []
+    for size in sizes:
+        rows.append(run_size(size, args))
+        if args.json:
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\nscheduler core overhead: {args.input_len}-token prompts, {args.output_len} output tokens, "
+          f"ignore_eos, max_num_seqs {args.max_num_seqs}, max_num_batched_tokens "
+          f"{args.max_num_batched_tokens}, block_size {args.block_size}, {args.steps} timed steps "
+          f"after {args.warmup_steps} warm-up, gc tuning {'off' if args.no_gc_tuning else 'on'}")
+    print(f"{'waiting':>10} {'us/step':>9} {'mean':>9} {'p99':>9} {'us/token':>9} {'tok/step':>9} "
+          f"{'B/waiting':>10} {'peak RSS MB':>12}")
+    for r in rows:
+        print(f"{r['waiting']:>10} {r['us_per_step']:>9} {r['us_per_step_mean']:>9} {r['us_per_step_p99']:>9} "
+              f"{r['us_per_token']:>9} {r['tokens_per_step']:>9} {r['bytes_per_waiting']:>10} {r['peak_rss_mb']:>12}")
+    base = rows[0]["us_per_step"]
+    for r in rows[1:]:
+        print(f"us_per_step at {r['waiting']} / at {rows[0]['waiting']}: {r['us_per_step'] / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The scheduler's integrity check: every block owned once or free, every request in one queue."""
+from scheduler_svc.request import Request, RequestStatus
+
+
+def check_integrity(scheduler, waiting: list[Request], running: list[Request],
+                    swapped: list[Request], requests: dict[str, Request]) -> None:
+    seen: set[int] = set()
+    for queue, status in ((waiting, RequestStatus.WAITING), (running, RequestStatus.RUNNING),
+                          (swapped, RequestStatus.SWAPPED)):
+        for request in queue:
+            assert id(request) not in seen, f"{request} is in two queues"
+            seen.add(id(request))
+            assert request.status == status, f"{request} in the {status.name} queue"
+            assert requests.get(request.request_id) is request, f"{request} missing from the map"
+            assert request.num_blocks_sent <= len(request.block_ids) or status == RequestStatus.WAITING
+    assert len(seen) == len(requests), "a live request is in no queue"
+    assert len(waiting) == scheduler.num_waiting, "waiting count drifted"
+    for request in waiting:
+        assert not request.block_ids and request.num_computed_tokens == 0, f"{request} waits holding KV"
+    block_size = scheduler.config.block_size
+    for request in running:
+        assert request.num_computed_tokens <= len(request.block_ids) * block_size, f"{request} lacks blocks"
+    assert len(running) <= scheduler.max_num_running, "too many running"
+    manager = scheduler.block_manager
+    manager.gpu.check_integrity([b for r in running for b in r.block_ids])
+    manager.cpu.check_integrity([b for r in swapped for b in r.block_ids])

@@ -1,0 +1,96 @@
+"""A request as the scheduler core sees it: token ids, progress, blocks, status.
+
+Memory matters: a million of these may wait at once, so __slots__, no per-step data, and no
+reference back to the scheduler (no cycles, so refcounting frees them without the cyclic GC).
+"""
+import enum
+
+from protocol.sampling import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    SWAPPED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+
+FINISHED_STATUS = {
+    "stop": RequestStatus.FINISHED_STOPPED,
+    "length": RequestStatus.FINISHED_LENGTH,
+    "abort": RequestStatus.FINISHED_ABORTED,
+    "error": RequestStatus.FINISHED_ERROR,
+}
+
+
+class Request:
+    __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "client", "stream",
+                 "output_token_ids", "output_logprobs", "num_computed_tokens", "status",
+                 "finish_reason", "block_ids", "num_blocks_sent", "arrival")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 priority: int = 0, client=None, stream: bool = False):
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.priority = priority
+        self.client = client  # opaque: the service routes outputs with it
+        self.stream = stream  # opaque likewise
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list | None = [] if params.logprobs is not None else None
+        # Tokens whose KV the worker has computed; the next step computes from here.
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        # GPU block ids while WAITING/RUNNING, CPU block ids while SWAPPED.
+        self.block_ids: list[int] = []
+        # How many of block_ids the worker already knows; the plan sends only the rest.
+        self.num_blocks_sent = 0
+        self.arrival = 0  # set by the scheduler; breaks priority ties in arrival order
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    def reset_for_recompute(self) -> None:
+        """Forget all KV (blocks already freed by the caller); keep the generated tokens."""
+        assert not self.block_ids, "free the blocks before resetting"
+        self.num_computed_tokens = 0
+        self.num_blocks_sent = 0
+        self.status = RequestStatus.WAITING
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")
+
+
+class RequestUpdate:
+    """What one step did to one request: the tokens it got and, on its last step, why it ended."""
+
+    __slots__ = ("request", "new_token_ids", "new_logprobs", "finish_reason")
+
+    def __init__(self, request: Request, new_token_ids: list[int], new_logprobs: list | None,
+                 finish_reason: str | None):
+        self.request = request
+        self.new_token_ids = new_token_ids
+        self.new_logprobs = new_logprobs
+        self.finish_reason = finish_reason
+
+    def __repr__(self) -> str:
+        return (f"RequestUpdate({self.request.request_id!r}, {self.new_token_ids}, "
+                f"finish_reason={self.finish_reason!r})")

@@ -1,0 +1,335 @@
+"""The sans-IO scheduler core: queues, budgets, preemption, and the incremental step plan.
+
+No sockets, no clocks, no torch. The service calls, in a loop:
+    plan = scheduler.schedule()      # None: nothing to send
+    ... send plan, receive result ... (add_request / abort may be called meanwhile)
+    updates = scheduler.update(plan, result)
+
+Cost contract: schedule() and update() cost O(running + newly finished); the waiting queue
+is only ever touched at its front, and finished requests are found from the step's results.
+One plan with scheduled requests is in flight at a time: update() it before the next schedule().
+"""
+from protocol.errors import ErrorCode
+from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan, StepResult
+from scheduler_svc.block_manager import BlockManager
+from scheduler_svc.config import SchedulerConfig, WorkerCapacity
+from scheduler_svc.errors import RequestRejected
+from scheduler_svc.request import FINISHED_STATUS, Request, RequestStatus, RequestUpdate
+from scheduler_svc.stop_checks import check_stop
+from scheduler_svc.waiting_queue import make_waiting_queue
+
+RUNNING = RequestStatus.RUNNING
+SWAPPED = RequestStatus.SWAPPED
+WAITING = RequestStatus.WAITING
+
+
+class _Batch:
+    """What one schedule() call has decided so far."""
+
+    __slots__ = ("token_budget", "new_requests", "new_scheduled", "running_requests",
+                 "running_scheduled", "preempted_ids", "swap_out", "swap_in")
+
+    def __init__(self, token_budget: int):
+        self.token_budget = token_budget
+        self.new_requests: list[NewRequestData] = []
+        self.new_scheduled: list[Request] = []  # aligned with new_requests
+        self.running_requests: list[RunningRequestData] = []
+        self.running_scheduled: list[Request] = []  # aligned with running_requests
+        self.preempted_ids: list[str] = []
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity):
+        self.config = config
+        self.capacity = capacity
+        self.block_manager = BlockManager(capacity.num_gpu_blocks, capacity.num_cpu_blocks,
+                                          config.block_size)
+        # Longest a request may grow: the model's limit, what the whole pool holds (so one
+        # request alone always fits and preemption cannot livelock), and without chunked
+        # prefill one step's budget (a recomputed request must prefill in one step).
+        max_len = min(capacity.max_model_len, capacity.num_gpu_blocks * config.block_size)
+        if not config.enable_chunked_prefill:
+            max_len = min(max_len, config.max_num_batched_tokens)
+        self.max_len = max_len
+        # Every running request (prefilling or decoding) holds a Mamba state slot.
+        self.max_num_running = config.max_num_seqs
+        if capacity.num_state_slots:
+            self.max_num_running = min(self.max_num_running, capacity.num_state_slots)
+        # Mamba state cannot be swapped (the worker has no CPU copy of it): always recompute.
+        self.use_swap = (config.preemption_mode == "swap" and capacity.num_cpu_blocks > 0
+                         and capacity.num_state_slots == 0)
+        self._eos_token_ids = frozenset(capacity.eos_token_ids)
+        self._requests: dict[str, Request] = {}  # every live request, for O(1) abort
+        self._waiting = make_waiting_queue(config.policy)
+        self._running: dict[str, Request] = {}  # admission order; holds device blocks
+        self._swapped: dict[str, Request] = {}  # swap-out order; holds CPU blocks
+        self._pending_finished: list[str] = []  # for the next plan's finished_ids
+        self._next_step_id = 0
+        self._next_arrival = 0
+        self._inflight: tuple[int, list[Request], list[int]] | None = None
+
+    # ---- requests in and out ---------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise RequestRejected(ErrorCode.DUPLICATE_ID, f"request id {request.request_id!r} is live")
+        if request.num_tokens >= self.max_len:
+            raise RequestRejected(
+                ErrorCode.PROMPT_TOO_LONG,
+                f"{request.num_tokens} tokens leave no room to generate: the limit is {self.max_len} "
+                f"(max_model_len {self.capacity.max_model_len}, "
+                f"{self.capacity.num_gpu_blocks} blocks of {self.config.block_size} tokens)")
+        assert request.status == WAITING and not request.block_ids, f"{request} is not new"
+        request.arrival = self._next_arrival
+        self._next_arrival += 1
+        self._requests[request.request_id] = request
+        self._waiting.push(request)
+
+    def abort(self, request_id: str, reason: str = "abort") -> Request | None:
+        """Finish a live request now, from whichever queue; idempotent. O(1)."""
+        assert reason in ("abort", "error"), reason
+        request = self._requests.get(request_id)
+        if request is None:
+            return None
+        self._finish(request, reason)
+        return request
+
+    def _finish(self, request: Request, reason: str) -> None:
+        old_status = request.status
+        del self._requests[request.request_id]
+        if old_status == RUNNING:
+            del self._running[request.request_id]
+            self.block_manager.free(request)
+        elif old_status == SWAPPED:
+            del self._swapped[request.request_id]
+            self.block_manager.free(request, on_cpu=True)
+        request.status = FINISHED_STATUS[reason]
+        request.finish_reason = reason
+        if old_status == WAITING:
+            self._waiting.mark_removed()  # lazy: skipped when it reaches the front
+        # The worker may hold state for it (running, or preempted earlier): tell it, always.
+        self._pending_finished.append(request.request_id)
+
+    def take_unfinished(self) -> list[Request]:
+        """For a dead worker: remove every live request, reset for recompute, in re-run order."""
+        for request in self._running.values():
+            self.block_manager.free(request)
+        for request in self._swapped.values():
+            self.block_manager.free(request, on_cpu=True)
+        requests = [*self._running.values(), *self._swapped.values(), *self._waiting.drain()]
+        for request in requests:
+            request.reset_for_recompute()
+        self._running.clear()
+        self._swapped.clear()
+        self._requests.clear()
+        self._pending_finished.clear()  # they were for the dead worker's state
+        self._inflight = None
+        return requests
+
+    # ---- one step --------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan | None:
+        """The next plan, or None when there is nothing to run and nothing to tell the worker."""
+        assert self._inflight is None, "schedule() called before update() of the plan in flight"
+        batch = _Batch(self.config.max_num_batched_tokens)
+        self._schedule_running(batch)
+        # Preemption means memory is short: admit nothing more this step. It also keeps CPU
+        # blocks freed by a swap-in from being reused by a swap-out of the same plan.
+        if not batch.preempted_ids:
+            self._schedule_swapped(batch)
+            if not self._swapped:
+                self._schedule_waiting(batch)
+        scheduled = batch.new_scheduled + batch.running_scheduled
+        if not (scheduled or self._pending_finished or batch.preempted_ids):
+            return None
+        finished_ids, self._pending_finished = self._pending_finished, []
+        plan = StepPlan(step_id=self._next_step_id, finished_ids=finished_ids,
+                        preempted_ids=batch.preempted_ids, new_requests=batch.new_requests,
+                        running_requests=batch.running_requests,
+                        blocks_to_swap_out=batch.swap_out, blocks_to_swap_in=batch.swap_in)
+        self._next_step_id += 1
+        if scheduled:
+            num_new_tokens = [d.num_new_tokens for d in batch.new_requests]
+            num_new_tokens += [d.num_new_tokens for d in batch.running_requests]
+            self._inflight = (plan.step_id, scheduled, num_new_tokens)
+        return plan
+
+    def _schedule_running(self, batch: _Batch) -> None:
+        running = list(self._running.values())
+        if self.config.policy == "priority":
+            running.sort(key=_priority_key)  # victims are taken from the end: lowest first
+        block_manager = self.block_manager
+        block_size = self.config.block_size
+        end = len(running)
+        i = 0
+        while i < end and batch.token_budget > 0:
+            request = running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
+            assert num_new > 0, f"{request} is running with nothing to compute"
+            num_tokens = request.num_computed_tokens + num_new
+            if num_tokens > len(request.block_ids) * block_size:
+                while not block_manager.can_allocate(request, num_tokens):
+                    end -= 1
+                    self._preempt(running[end], batch)  # the newest (lowest priority) first
+                    if end == i:
+                        return  # preempted itself
+                block_manager.append(request, num_tokens)
+            batch.running_requests.append(RunningRequestData(
+                request.request_id, request.block_ids[request.num_blocks_sent:], num_new))
+            request.num_blocks_sent = len(request.block_ids)
+            batch.running_scheduled.append(request)
+            batch.token_budget -= num_new
+            i += 1
+
+    def _preempt(self, request: Request, batch: _Batch) -> None:
+        del self._running[request.request_id]
+        if self.use_swap and self.block_manager.can_swap_out(request):
+            batch.swap_out += self.block_manager.swap_out(request)
+            request.status = SWAPPED
+            self._swapped[request.request_id] = request
+        else:
+            self.block_manager.free(request)
+            request.reset_for_recompute()
+            self._waiting.push_front(request)  # outputs kept; recomputed before newer work
+        # Either way the worker forgets the request; it comes back in new_requests.
+        batch.preempted_ids.append(request.request_id)
+
+    def _schedule_swapped(self, batch: _Batch) -> None:
+        swapped_in = []
+        for request in self._swapped.values():
+            num_new = self._num_new_tokens(request, batch)
+            if (num_new == 0 or len(self._running) + len(swapped_in) >= self.max_num_running
+                    or not self.block_manager.can_swap_in(request, request.num_computed_tokens + num_new)):
+                break
+            batch.swap_in += self.block_manager.swap_in(request)
+            self.block_manager.append(request, request.num_computed_tokens + num_new)
+            swapped_in.append(request)
+            self._start(request, num_new, batch)
+        for request in swapped_in:
+            del self._swapped[request.request_id]
+            self._running[request.request_id] = request
+
+    def _schedule_waiting(self, batch: _Batch) -> None:
+        waiting = self._waiting
+        while len(self._running) < self.max_num_running:
+            request = waiting.peek()
+            if request is None:
+                break
+            num_new = self._num_new_tokens(request, batch)
+            if num_new == 0 or not self.block_manager.can_allocate(request, num_new):
+                break  # strictly in order: a big head request is not overtaken
+            waiting.pop()
+            self.block_manager.allocate(request, num_new)
+            self._running[request.request_id] = request
+            self._start(request, num_new, batch)
+
+    def _num_new_tokens(self, request: Request, batch: _Batch) -> int:
+        """Tokens to compute for a request entering the batch; 0 if it does not fit the budget."""
+        num_new = request.num_tokens - request.num_computed_tokens
+        if num_new <= batch.token_budget:
+            return num_new
+        return batch.token_budget if self.config.enable_chunked_prefill else 0
+
+    def _start(self, request: Request, num_new: int, batch: _Batch) -> None:
+        """Send a request the worker holds no state for: all its tokens and blocks, once."""
+        request.status = RUNNING
+        batch.new_requests.append(NewRequestData(
+            request.request_id, request.all_token_ids, len(request.prompt_token_ids),
+            request.params, list(request.block_ids), request.num_computed_tokens, num_new))
+        request.num_blocks_sent = len(request.block_ids)
+        batch.new_scheduled.append(request)
+        batch.token_budget -= num_new
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[RequestUpdate]:
+        """Apply a step's result: advance, append tokens, stop checks, free what finished."""
+        if not plan.num_scheduled:
+            return []  # a free-only plan: nothing was in flight
+        assert self._inflight is not None and self._inflight[0] == plan.step_id, "not the plan in flight"
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result of step {result.step_id} for plan {plan.step_id}")
+        _, scheduled, num_new_tokens = self._inflight
+        self._inflight = None
+        sampled = result.sampled_token_ids
+        if result.error is not None or len(sampled) != len(scheduled):
+            return self._fail(scheduled)
+        logprobs = result.logprobs
+        eos_token_ids, max_len = self._eos_token_ids, self.max_len
+        updates = []
+        for i, request in enumerate(scheduled):
+            if request.status != RUNNING:
+                continue  # aborted while the step ran: already finished and freed
+            request.num_computed_tokens += num_new_tokens[i]
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # a prefill chunk short of the end: no token (the worker sent -1)
+            token_id = sampled[i]
+            if token_id < 0:
+                updates.append(self._fail_one(request))
+                continue
+            request.output_token_ids.append(token_id)
+            new_logprobs = None
+            if request.output_logprobs is not None and logprobs is not None and logprobs[i] is not None:
+                request.output_logprobs.append(logprobs[i])
+                new_logprobs = [logprobs[i]]
+            finish_reason = check_stop(request, token_id, eos_token_ids, max_len)
+            if finish_reason is not None:
+                self._finish(request, finish_reason)
+            updates.append(RequestUpdate(request, [token_id], new_logprobs, finish_reason))
+        return updates
+
+    def _fail(self, scheduled: list[Request]) -> list[RequestUpdate]:
+        return [self._fail_one(r) for r in scheduled if r.status == RUNNING]
+
+    def _fail_one(self, request: Request) -> RequestUpdate:
+        self._finish(request, "error")
+        return RequestUpdate(request, [], None, "error")
+
+    # ---- state -----------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self._swapped)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_total_blocks
+
+    @property
+    def num_free_state_slots(self) -> int:
+        if not self.capacity.num_state_slots:
+            return 0
+        return self.capacity.num_state_slots - len(self._running)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def has_pending_ids(self) -> bool:
+        return bool(self._pending_finished)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def check_integrity(self) -> None:
+        """Blocks and queues agree. O(all requests + all blocks): run it when idle, and in tests."""
+        from scheduler_svc.integrity import check_integrity
+        check_integrity(self, self._waiting.live_requests(), list(self._running.values()),
+                        list(self._swapped.values()), self._requests)
+
+
+def _priority_key(request: Request) -> tuple[int, int]:
+    return (-request.priority, request.arrival)
