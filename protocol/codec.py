@@ -54,3 +54,41 @@ def worker_to_scheduler_decoder() -> Decoder:
 
 def scheduler_to_worker_decoder() -> Decoder:
     return Decoder(SchedulerToWorker)
+
+
+class _LooseGenerate(msgspec.Struct, tag="Generate", tag_field="type"):
+    requests: list[msgspec.Raw]
+
+
+class _LooseId(msgspec.Struct, array_like=True):
+    request_id: str
+
+
+_loose_generate = msgspec.msgpack.Decoder(_LooseGenerate)
+_loose_id = msgspec.msgpack.Decoder(_LooseId)
+
+
+def salvage_generate(frame: bytes | memoryview):
+    """For a Generate frame that failed to decode as a whole: the requests in it that are
+    valid, and (request_id, error) for each invalid one whose id can be read, so one bad
+    request fails alone. None when the frame is not a readable Generate at all."""
+    from protocol.client_messages import GenerateRequest  # noqa: avoid a cycle at import
+
+    view = memoryview(frame)
+    if len(view) < 2 or view[0] != PROTOCOL_VERSION:
+        return None
+    try:
+        loose = _loose_generate.decode(view[1:])
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+        return None
+    strict = msgspec.msgpack.Decoder(GenerateRequest)
+    valid, invalid = [], []
+    for raw in loose.requests:
+        try:
+            valid.append(strict.decode(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as e:
+            try:
+                invalid.append((_loose_id.decode(raw).request_id, str(e)))
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+                pass
+    return valid, invalid

@@ -1,0 +1,104 @@
+"""Offline throughput, measured like vLLM's `vllm bench throughput`: random prompt ids, exactly
+--output-len new tokens (ignore_eos, greedy), every prompt handed over at once, timed over the
+generation phase only (start-up and a small warm-up excluded).
+
+    stepserve bench throughput --model tiny-llama --num-prompts 10000 --input-len 16 --output-len 16 --json
+    python -m benchmarks.throughput ...   (the same)
+"""
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+import numpy as np
+
+from client_sdk.client import AsyncClient
+from client_sdk.launcher import LocalCluster
+from protocol.sampling import SamplingParams
+
+
+def add_throughput_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--input-len", type=int, default=16)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--address", default=None, help="a running scheduler's frontend; else start a local one")
+    p.add_argument("--window", type=int, default=None, help="bound on requests in flight (default: all at once)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int, avoid: set[int]) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(num_prompts, input_len))
+    for special in avoid:  # keep special tokens (bos/eos/pad) out of the prompts
+        ids[ids == special] = (special + 7) % vocab_size if (special + 7) % vocab_size not in avoid else 4
+    return ids.tolist()
+
+
+async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
+    await client.wait_for_workers(getattr(args, "workers", 1) if args.address is None else 1, timeout_s=600)
+    info = await client.model_info()
+    avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
+    prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid)
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    await client.generate_batch(prompts[:8], params)  # warm-up, not timed
+    start = time.perf_counter()
+    outputs = await client.generate_batch(prompts, params, window=args.window)
+    elapsed = time.perf_counter() - start
+    bad = [o for o in outputs if len(o.token_ids) != args.output_len or not o.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} outputs with the wrong length or an error, e.g. {bad[0]}")
+    num_output_tokens = sum(len(o.token_ids) for o in outputs)
+    num_prompt_tokens = args.num_prompts * args.input_len
+    health = await client.health()
+    return {
+        "model": info.model,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "workers": health.num_workers,
+        "window": args.window,
+        "elapsed_s": round(elapsed, 3),
+        "requests_per_second": round(args.num_prompts / elapsed, 2),
+        "tokens_per_second": round((num_prompt_tokens + num_output_tokens) / elapsed, 2),
+        "output_tokens_per_second": round(num_output_tokens / elapsed, 2),
+        "steps_per_s": health.steps_per_s,
+    }
+
+
+async def run_throughput(args: argparse.Namespace) -> int:
+    from client_sdk.cli import cluster_args
+    cluster = None
+    address = args.address
+    if address is None:
+        scheduler, worker = cluster_args(args)
+        cluster = LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker).start()
+        address = cluster.address
+    try:
+        client = AsyncClient(address)
+        try:
+            result = await measure(client, args)
+        finally:
+            await client.close()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    result["config"] = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
+    print(f"Throughput: {result['requests_per_second']:.2f} requests/s, {result['tokens_per_second']:.2f} total "
+          f"tokens/s, {result['output_tokens_per_second']:.2f} output tokens/s", flush=True)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    from client_sdk.cli import add_cluster_flags
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput")
+    add_cluster_flags(parser)
+    add_throughput_args(parser)
+    return asyncio.run(run_throughput(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

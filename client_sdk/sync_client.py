@@ -1,0 +1,65 @@
+"""Client: the AsyncClient's methods, blocking, with its event loop on a background thread."""
+import asyncio
+import threading
+from typing import Iterator
+
+from client_sdk.client import AsyncClient
+from client_sdk.outputs import StreamDelta
+
+
+class Client:
+    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stepserve-client", daemon=True)
+        self._thread.start()
+        self._async = self._call(self._make(address, timeout_s))
+
+    @staticmethod
+    async def _make(address, timeout_s) -> AsyncClient:
+        return AsyncClient(address, timeout_s=timeout_s)
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(self, prompt, params=None, **kwargs):
+        return self._call(self._async.generate(prompt, params, **kwargs))
+
+    def generate_batch(self, prompts, params=None, **kwargs):
+        return self._call(self._async.generate_batch(prompts, params, **kwargs))
+
+    def stream(self, prompt, params=None, **kwargs) -> Iterator[StreamDelta]:
+        agen = self._async.stream(prompt, params, **kwargs)
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._call(agen.aclose())
+
+    def abort(self, request_id):
+        return self._call(self._async.abort(request_id))
+
+    def model_info(self):
+        return self._call(self._async.model_info())
+
+    def health(self):
+        return self._call(self._async.health())
+
+    def wait_for_workers(self, num_workers: int = 1, timeout_s: float = 120.0):
+        return self._call(self._async.wait_for_workers(num_workers, timeout_s))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,57 @@
+"""python -m scheduler_svc --frontend tcp://127.0.0.1:5555 --workers tcp://127.0.0.1:5556"""
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.gc_tuning import tune_gc_for_large_queues
+from scheduler_svc.service import SchedulerService
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m scheduler_svc", description="stepserve scheduler")
+    p.add_argument("--frontend", default="tcp://127.0.0.1:5555", help="address clients connect to")
+    p.add_argument("--workers", default="tcp://127.0.0.1:5556", help="address workers connect to")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
+    p.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--worker-timeout", type=float, default=10.0,
+                   help="seconds of silence after which a worker is dropped and its requests requeued")
+    p.add_argument("--max-message-mb", type=int, default=256, help="largest incoming message accepted")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
+    config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                             block_size=args.block_size, preemption_mode=args.preemption, policy=args.policy,
+                             enable_chunked_prefill=not args.no_chunked_prefill)
+    service = SchedulerService(args.frontend, args.workers, config, worker_timeout_s=args.worker_timeout,
+                               max_message_bytes=args.max_message_mb << 20)
+    frontend, workers = service.bind()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, service.stop)
+    # The launcher waits for this line; it carries the bound addresses (ports may be '*').
+    print(f"stepserve scheduler ready frontend={frontend} workers={workers}", flush=True)
+    await service.serve()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tune_gc_for_large_queues()
+    uvloop.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

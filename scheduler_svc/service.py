@@ -1,0 +1,393 @@
+"""The scheduler process: ZeroMQ sockets and asyncio loops around the sans-IO core.
+
+Clients (DEALER) -> ROUTER frontend; workers (DEALER) -> ROUTER workers. Requests wait in
+`pending` until a replica has room; each replica's core then plans its steps. A replica pulls
+at most a watermark of requests into its own waiting queue, so a late or a lightly loaded
+replica takes work at once, and a dead replica's requests go back to the front of `pending`.
+"""
+import asyncio
+import itertools
+import logging
+import time
+from collections import defaultdict, deque
+
+import zmq
+import zmq.asyncio
+
+from protocol import ErrorCode, ProtocolError
+from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
+                                      ModelInfo, ModelInfoQuery, RequestOutputs)
+from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
+from protocol.worker_messages import Heartbeat, Shutdown, StepResult, WorkerHello
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.errors import RequestRejected
+from scheduler_svc.gc_tuning import tune_gc_for_large_queues
+from scheduler_svc.outputs import OutputBatcher, error_output, output_for
+from scheduler_svc.replica import Replica, WorkerLost
+from scheduler_svc.request import FINISHED_STATUS, Request
+from scheduler_svc.waiting_queue import make_waiting_queue
+
+logger = logging.getLogger("stepserve.scheduler")
+
+
+def finish(request: Request, reason: str) -> None:
+    """Ends a request that no core holds (still in `pending`, or popped but refused)."""
+    request.status = FINISHED_STATUS[reason]
+    request.finish_reason = reason
+
+
+class SchedulerService:
+    def __init__(self, frontend_address: str, workers_address: str, config: SchedulerConfig,
+                 worker_timeout_s: float = 10.0, max_message_bytes: int = 256 << 20,
+                 check_integrity_when_idle: bool = True):
+        self.config = config
+        self.frontend_address = frontend_address
+        self.workers_address = workers_address
+        self.worker_timeout_s = worker_timeout_s
+        self.max_message_bytes = max_message_bytes
+        self.check_integrity_when_idle = check_integrity_when_idle
+        self.pending = make_waiting_queue(config.policy)
+        self.requests: dict[str, Request] = {}  # every live request, by id
+        self.replica_of: dict[str, Replica] = {}  # live requests placed on a replica
+        self.requests_of_client: dict[bytes, set[str]] = defaultdict(set)
+        self.replicas: dict[str, Replica] = {}  # by group name
+        self.replica_by_worker_id: dict[str, Replica] = {}
+        self.replica_by_identity: dict[bytes, Replica] = {}
+        self.outputs = OutputBatcher()
+        self.step_times: deque[float] = deque(maxlen=512)
+        self.num_finished = 0
+        self.last_hello: WorkerHello | None = None
+        self._client_decoder = client_to_scheduler_decoder()
+        self._worker_decoder = worker_to_scheduler_decoder()
+        self._arrivals = itertools.count()
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+
+    # ---- sockets and loops ---------------------------------------------------------
+
+    def bind(self) -> tuple[str, str]:
+        self.ctx = zmq.asyncio.Context()
+        self.frontend = self._router(self.frontend_address)
+        self.workers = self._router(self.workers_address)
+        return (self.frontend.getsockopt_string(zmq.LAST_ENDPOINT),
+                self.workers.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    def _router(self, address: str) -> zmq.asyncio.Socket:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises instead of dropping
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(address)
+        return sock
+
+    async def serve(self) -> None:
+        loops = [self._frontend_loop(), self._workers_loop(), self._watchdog_loop()]
+        tasks = [asyncio.ensure_future(c) for c in loops]
+        try:
+            await self._stopping.wait()
+        finally:
+            for task in tasks + list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+            await self._shutdown_workers()
+            self.ctx.destroy(linger=0)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _shutdown_workers(self) -> None:
+        for replica in self.replicas.values():
+            for identity in replica.identities.values():
+                try:
+                    await self.workers.send_multipart([identity, encode(Shutdown("scheduler stopping"))],
+                                                      flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("task failed", exc_info=task.exception())
+
+    async def _frontend_loop(self) -> None:
+        while True:
+            frames = await self.frontend.recv_multipart(copy=False)
+            client = frames[0].bytes
+            if len(frames) != 2:
+                await self._reply(client, ErrorReply(ErrorCode.BAD_FRAME, f"expected 1 frame, got {len(frames) - 1}"))
+                continue
+            try:
+                message = self._client_decoder.decode(frames[1].buffer)
+            except ProtocolError as e:
+                if not self._salvage(client, frames[1].buffer):
+                    await self._reply(client, ErrorReply(ErrorCode.BAD_FRAME, str(e)))
+                await self._flush_outputs()
+                continue
+            await self._on_client_message(client, message)
+
+    async def _workers_loop(self) -> None:
+        while True:
+            frames = await self.workers.recv_multipart(copy=False)
+            identity = frames[0].bytes
+            try:
+                if len(frames) != 2:
+                    raise ProtocolError(f"expected 1 frame, got {len(frames) - 1}")
+                message = self._worker_decoder.decode(frames[1].buffer)
+            except ProtocolError as e:
+                logger.warning("bad frame from worker %r: %s", identity, e)
+                continue
+            if isinstance(message, StepResult):
+                replica = self.replica_by_identity.get(identity)
+                if replica is not None:
+                    replica.deliver(message)
+            elif isinstance(message, Heartbeat):
+                replica = self.replica_by_worker_id.get(message.worker_id)
+                if replica is not None:
+                    replica.last_seen = time.monotonic()
+                    replica.last_heartbeat[message.worker_id] = message
+            elif isinstance(message, WorkerHello):
+                self._on_hello(identity, message)
+
+    async def _watchdog_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.worker_timeout_s / 4))
+            now = time.monotonic()
+            for replica in list(self.replicas.values()):
+                if now - replica.last_seen > self.worker_timeout_s:
+                    logger.warning("worker %s silent for %.1f s: dropped", replica.name, now - replica.last_seen)
+                    self._drop_replica(replica)
+
+    async def _reply(self, client: bytes, message) -> bool:
+        try:
+            await self.frontend.send_multipart([client, encode(message)])
+            return True
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self._on_client_gone(client)
+            return False
+
+    # ---- clients -------------------------------------------------------------------
+
+    async def _on_client_message(self, client: bytes, message) -> None:
+        if isinstance(message, Generate):
+            self._on_generate(client, message)
+        elif isinstance(message, Abort):
+            for request_id in message.request_ids:
+                self._abort(request_id, client)
+        elif isinstance(message, ModelInfoQuery):
+            await self._reply(client, self._model_info())
+        elif isinstance(message, HealthQuery):
+            await self._reply(client, self._health())
+        await self._flush_outputs()
+
+    def _on_generate(self, client: bytes, message: Generate) -> None:
+        for g in message.requests:
+            if g.request_id in self.requests:
+                self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), ErrorCode.DUPLICATE_ID,
+                                                      f"request id {g.request_id!r} is already running"))
+                continue
+            request = Request(g.request_id, g.prompt_token_ids, g.params, g.priority, client=client, stream=g.stream)
+            request.arrival = next(self._arrivals)
+            self.requests[g.request_id] = request
+            self.requests_of_client[client].add(g.request_id)
+            self.pending.push(request)
+        tune_gc_for_large_queues()  # keep the new requests out of the cyclic GC's scans
+        self._wake_replicas()
+
+    def _salvage(self, client: bytes, frame) -> bool:
+        """A Generate with some invalid requests: run the valid ones, fail each invalid one alone."""
+        salvaged = salvage_generate(frame)
+        if salvaged is None:
+            return False
+        valid, invalid = salvaged
+        for request_id, error in invalid:
+            self.outputs.add(client, error_output(request_id, 0, ErrorCode.INVALID_PARAMS, error))
+        self._on_generate(client, Generate(valid))
+        return bool(valid or invalid)
+
+    def _abort(self, request_id: str, client: bytes | None, reason: str = "abort") -> None:
+        request = self.requests.get(request_id)
+        if request is None or (client is not None and request.client != client):
+            return  # idempotent: unknown, finished, or another client's id
+        replica = self.replica_of.pop(request_id, None)
+        if replica is not None:
+            replica.core.abort(request_id, reason)
+            replica.wakeup.set()  # its id must reach the worker in a (possibly free-only) plan
+        else:
+            finish(request, reason)  # lazily skipped when `pending` reaches it
+            self.pending.mark_removed()
+        self._forget(request)
+        output = output_for(request, [], None, reason)
+        if output is not None:
+            self.outputs.add(request.client, output)
+
+    def _on_client_gone(self, client: bytes) -> None:
+        for request_id in list(self.requests_of_client.get(client, ())):
+            self._abort(request_id, None)
+        self.requests_of_client.pop(client, None)
+        self.outputs.take().pop(client, None)
+
+    def _forget(self, request: Request) -> None:
+        del self.requests[request.request_id]
+        ids = self.requests_of_client.get(request.client)
+        if ids is not None:
+            ids.discard(request.request_id)
+            if not ids:
+                del self.requests_of_client[request.client]
+        self.num_finished += 1
+
+    def _fail(self, request: Request, code: str, message: str) -> None:
+        finish(request, "error")
+        self.replica_of.pop(request.request_id, None)
+        self._forget(request)
+        self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids), code, message))
+
+    async def _flush_outputs(self) -> None:
+        for client, outputs in self.outputs.take().items():
+            await self._reply(client, RequestOutputs(outputs))
+
+    def _model_info(self) -> ModelInfo:
+        hello = self.last_hello
+        if hello is None:
+            return ModelInfo(model=None)
+        return ModelInfo(model=hello.model, vocab_size=hello.vocab_size, max_model_len=hello.max_model_len,
+                         eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
+                         num_workers=len(self.replicas))
+
+    def _health(self) -> Health:
+        cores = [r.core for r in self.replicas.values()]
+        beats = [r.last_heartbeat[r.worker_ids[0]] for r in self.replicas.values() if r.worker_ids.get(0) in r.last_heartbeat]
+        window = list(self.step_times)
+        steps_per_s = (len(window) - 1) / (window[-1] - window[0]) if len(window) > 1 and window[-1] > window[0] else 0.0
+        return Health(
+            num_waiting=len(self.pending) + sum(c.num_waiting for c in cores),
+            num_running=sum(c.num_running for c in cores),
+            num_swapped=sum(c.num_swapped for c in cores),
+            num_workers=sum(len(r.identities) for r in self.replicas.values()),
+            num_free_blocks=sum(c.num_free_blocks for c in cores),
+            num_total_blocks=sum(c.num_total_blocks for c in cores),
+            num_free_state_slots=sum(c.num_free_state_slots for c in cores),
+            num_total_state_slots=sum(r.hello.num_state_slots for r in self.replicas.values()),
+            steps_per_s=round(steps_per_s, 2),
+            num_steps=sum(r.num_steps for r in self.replicas.values()),
+            num_finished=self.num_finished,
+            worker_kv_blocks_in_use=sum(b.num_kv_blocks_in_use for b in beats),
+            worker_state_slots_in_use=sum(b.num_state_slots_in_use for b in beats),
+        )
+
+    # ---- workers -------------------------------------------------------------------
+
+    def _on_hello(self, identity: bytes, hello: WorkerHello) -> None:
+        old = self.replica_by_worker_id.get(hello.worker_id) or self.replica_by_identity.get(identity)
+        if old is not None:
+            self._drop_replica(old)  # a restarted worker: its old state is gone
+        name = hello.worker_id if hello.tensor_parallel_size == 1 else f"tp:{hello.model}:{hello.worker_id.rsplit('/', 1)[0]}"
+        replica = self.replicas.get(name)
+        if replica is None:
+            replica = Replica(name, hello, self.config)
+            self.replicas[name] = replica
+        replica.add_rank(hello.rank, identity, hello.worker_id)
+        self.replica_by_worker_id[hello.worker_id] = replica
+        self.replica_by_identity[identity] = replica
+        self.last_hello = hello
+        logger.info("worker %s joined: %s on %s, %d KV blocks, %d state slots", hello.worker_id, hello.model,
+                    hello.device, hello.num_gpu_blocks, hello.num_state_slots)
+        if replica.is_complete:
+            self._spawn(self._drive(replica))
+
+    def _drop_replica(self, replica: Replica) -> None:
+        if self.replicas.get(replica.name) is not replica:
+            return
+        del self.replicas[replica.name]
+        for worker_id in replica.worker_ids.values():
+            self.replica_by_worker_id.pop(worker_id, None)
+        for identity in replica.identities.values():
+            self.replica_by_identity.pop(identity, None)
+        replica.fail()
+        # Recompute elsewhere: back to the front of pending, in the order they ran.
+        requeued = replica.core.take_unfinished()
+        for request in reversed(requeued):
+            self.replica_of.pop(request.request_id, None)
+            self.pending.push_front(request)
+        logger.warning("replica %s dropped; %d requests requeued", replica.name, len(requeued))
+        self._wake_replicas()
+
+    def _wake_replicas(self) -> None:
+        for replica in self.replicas.values():
+            replica.wakeup.set()
+
+    def _refill(self, replica: Replica) -> None:
+        """Moves pending requests into the replica's core, up to a watermark of waiting ones."""
+        core, vocab_size = replica.core, replica.hello.vocab_size
+        watermark = 2 * self.config.max_num_seqs
+        while core.num_waiting < watermark and self.pending.peek() is not None:
+            request = self.pending.pop()
+            if max(request.prompt_token_ids) >= vocab_size:
+                self._fail(request, ErrorCode.INVALID_PARAMS, f"prompt token id out of range (vocab size {vocab_size})")
+                continue
+            try:
+                core.add_request(request)
+            except RequestRejected as e:
+                self._fail(request, e.code, e.message)
+                continue
+            self.replica_of[request.request_id] = replica
+
+    async def _drive(self, replica: Replica) -> None:
+        """The step loop of one replica: plan, send, await the answer, apply it, emit outputs."""
+        core = replica.core
+        while replica.alive:
+            self._refill(replica)
+            plan = core.schedule()
+            if plan is None:
+                await self._flush_outputs()
+                if self.check_integrity_when_idle:
+                    core.check_integrity()
+                replica.wakeup.clear()
+                await replica.wakeup.wait()
+                continue
+            answer = replica.begin_step(plan)
+            payload = encode(plan)
+            for identity in replica.identities.values():
+                await self.workers.send_multipart([identity, payload])
+            try:
+                result = await answer
+            except WorkerLost:
+                return
+            replica.num_steps += 1
+            self.step_times.append(time.monotonic())
+            if result.error is not None:
+                self._fail_plan(replica, plan, result.error)
+            else:
+                self._apply(core.update(plan, result))
+            await self._flush_outputs()
+
+    def _apply(self, updates) -> None:
+        for update in updates:
+            request = update.request
+            output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
+            if update.finish_reason is not None:
+                self.replica_of.pop(request.request_id, None)
+                self._forget(request)
+            if output is not None:
+                self.outputs.add(request.client, output)
+
+    def _fail_plan(self, replica: Replica, plan, error: str) -> None:
+        logger.error("worker %s failed step %d: %s", replica.name, plan.step_id, error)
+        for data in list(plan.new_requests) + list(plan.running_requests):
+            request = self.requests.get(data.request_id)
+            if request is None or self.replica_of.get(data.request_id) is not replica:
+                continue
+            replica.core.abort(data.request_id, "error")
+            self.replica_of.pop(data.request_id, None)
+            self._forget(request)
+            self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids),
+                                                          ErrorCode.WORKER_ERROR, error))

@@ -1,0 +1,42 @@
+"""Test tools for end-to-end tests: real scheduler and worker processes on loopback."""
+import asyncio
+import time
+
+from client_sdk.client import AsyncClient
+
+TEST_WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05"]
+
+
+async def wait_until_idle(client: AsyncClient, timeout_s: float = 30.0):
+    """Health once nothing waits or runs and every block is back in the pool."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = await client.health()
+        idle = (health.num_waiting == 0 and health.num_running == 0 and health.num_swapped == 0
+                and health.num_free_blocks == health.num_total_blocks)
+        if idle or time.monotonic() > deadline:
+            return health
+        await asyncio.sleep(0.05)
+
+
+def hf_greedy(folder: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations from Hugging Face transformers, the outside reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # like ignore_eos: never stop, never suppress EOS
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    results: dict[int, list[int]] = {}
+    with torch.inference_mode():
+        for length, indices in by_len.items():  # equal lengths batch without padding
+            for start in range(0, len(indices), 256):
+                chunk = indices[start:start + 256]
+                ids = torch.tensor([prompts[i] for i in chunk])
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_new_tokens, pad_token_id=0)
+                for row, i in enumerate(chunk):
+                    results[i] = out[row, length:].tolist()
+    return [results[i] for i in range(len(prompts))]

@@ -1,0 +1,170 @@
+"""End to end: real scheduler and worker processes on loopback, real ZeroMQ, real torch."""
+import asyncio
+import random
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from client_sdk import AsyncClient, RequestError, SamplingParams
+from client_sdk.launcher import LocalCluster
+from protocol import ErrorCode
+from protocol.client_messages import ErrorReply, Generate, GenerateRequest, HealthQuery, RequestOutputs
+from protocol.codec import encode, scheduler_to_client_decoder
+from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy, wait_until_idle
+from tests.hf_model_folders import make_llama_folder
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models") / "llama"
+    make_llama_folder(str(folder))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def cluster(llama_folder):
+    with LocalCluster(llama_folder, 1, worker_args=TEST_WORKER_ARGS,
+                      scheduler_args=["--max-num-seqs", "64"]) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(cluster):
+    async with AsyncClient(cluster.address, timeout_s=60) as c:
+        await c.wait_for_workers(1)
+        yield c
+
+
+def random_prompts(n: int, vocab_size: int, lengths=(16,), seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, vocab_size) for _ in range(rng.choice(lengths))] for _ in range(n)]
+
+
+async def test_thousand_prompts_match_transformers(client, llama_folder):
+    info = await client.model_info()
+    prompts = random_prompts(1000, info.vocab_size)
+    outputs = await client.generate_batch(prompts, GREEDY)
+    assert [o.finish_reason for o in outputs] == ["length"] * 1000
+    assert all(o.num_prompt_tokens == 16 for o in outputs)
+    expected = hf_greedy(llama_folder, prompts, GREEDY.max_tokens)
+    assert [o.token_ids for o in outputs] == expected
+
+
+async def test_mixed_lengths_match_transformers(client, llama_folder):
+    info = await client.model_info()
+    prompts = random_prompts(24, info.vocab_size, lengths=(1, 3, 17, 40, 90), seed=1)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12)
+    outputs = await client.generate_batch(prompts, params)
+    assert [o.token_ids for o in outputs] == hf_greedy(llama_folder, prompts, 12)
+    assert all(o.text is not None for o in outputs)
+
+
+async def test_stream_deltas_concatenate_to_the_final_output(client):
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=20)
+    whole = await client.generate("hello world", params)
+    deltas = [d async for d in client.stream("hello world", params)]
+    assert sum((d.token_ids for d in deltas), []) == whole.token_ids
+    assert "".join(d.text for d in deltas) == whole.text
+    assert [d.finish_reason for d in deltas][-1] == "length"
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    assert len(deltas) > 1
+
+
+async def test_abort_mid_stream_frees_blocks(client):
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=500)
+    deltas = []
+    async for delta in client.stream([5, 6, 7], params, request_id="to-abort"):
+        deltas.append(delta)
+        if len(deltas) == 3:
+            await client.abort("to-abort")
+    assert deltas[-1].finish_reason == "abort"
+    assert sum(len(d.token_ids) for d in deltas) < 500
+    health = await wait_until_idle(client)
+    assert health.num_free_blocks == health.num_total_blocks
+    await client.abort("to-abort")  # idempotent
+
+
+async def test_vanishing_client_harms_no_other(cluster, client):
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=400)
+    doomed = AsyncClient(cluster.address)
+    stream = doomed.stream([9, 10, 11], params)
+    await stream.__anext__()
+    doomed._sock.close(linger=0)  # vanish without a word: no abort is sent
+    doomed._reader.cancel()
+    survivors = await client.generate_batch(random_prompts(20, 1000, seed=3), GREEDY)
+    assert all(len(o.token_ids) == GREEDY.max_tokens for o in survivors)
+    health = await wait_until_idle(client)
+    assert health.num_running == 0 and health.num_free_blocks == health.num_total_blocks
+
+
+async def test_bad_frames_and_params_get_errors_and_service_keeps_serving(cluster, client):
+    ctx = zmq.asyncio.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(cluster.address)
+    decoder = scheduler_to_client_decoder()
+    try:
+        for garbage in (b"", b"\x01", b"\x07whatever", b"\x01\xc1\xc1", encode(HealthQuery())[:1] + b"\x93"):
+            await raw.send(garbage)
+            reply = decoder.decode(await asyncio.wait_for(raw.recv(), 10))
+            assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.BAD_FRAME
+        await raw.send_multipart([b"two", b"frames"])
+        reply = decoder.decode(await asyncio.wait_for(raw.recv(), 10))
+        assert isinstance(reply, ErrorReply)
+        # One Generate with a good request and a bad one: the bad one fails alone.
+        good = GenerateRequest("good-1", [5, 6], GREEDY)
+        bad = GenerateRequest("bad-1", [5, 6], SamplingParams(temperature=-1.0))
+        await raw.send(encode(Generate([good, bad])))
+        outputs = {}
+        while len(outputs) < 2:
+            reply = decoder.decode(await asyncio.wait_for(raw.recv(), 30))
+            assert isinstance(reply, RequestOutputs)
+            outputs.update({o.request_id: o for o in reply.outputs})
+        assert outputs["bad-1"].finish_reason == "error"
+        assert outputs["bad-1"].error_code == ErrorCode.INVALID_PARAMS
+        assert outputs["good-1"].finish_reason == "length"
+        assert len(outputs["good-1"].new_token_ids) == GREEDY.max_tokens
+    finally:
+        raw.close(0)
+        ctx.term()
+    with pytest.raises(ValueError):
+        await client.generate([1, 2], SamplingParams(top_p=0.0))
+    info = await client.model_info()
+    with pytest.raises(RequestError) as err:
+        await client.generate([4] * (info.max_model_len + 1), GREEDY)
+    assert err.value.code == ErrorCode.PROMPT_TOO_LONG
+    with pytest.raises(RequestError) as err:
+        await client.generate([info.vocab_size + 5], GREEDY)
+    assert err.value.code == ErrorCode.INVALID_PARAMS
+    out = await client.generate([5, 6, 7], GREEDY)
+    assert len(out.token_ids) == GREEDY.max_tokens
+
+
+async def test_duplicate_live_id_is_refused(cluster, client):
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=300)
+    first = asyncio.ensure_future(client.generate([5, 6], params, request_id="same-id"))
+    await asyncio.sleep(0.2)
+    async with AsyncClient(cluster.address) as other:
+        with pytest.raises(RequestError) as err:
+            await other.generate([5, 6], GREEDY, request_id="same-id")
+    assert err.value.code == ErrorCode.DUPLICATE_ID
+    await client.abort("same-id")
+    assert (await first).finish_reason == "abort"
+    again = await client.generate([5, 6], GREEDY, request_id="same-id")  # resubmitted after abort
+    assert again.finish_reason == "length"
+
+
+async def test_requests_sent_before_any_worker_complete_once_one_joins(llama_folder):
+    with LocalCluster(llama_folder, 0, worker_args=TEST_WORKER_ARGS) as cluster:
+        async with AsyncClient(cluster.address, timeout_s=60) as client:
+            pending = asyncio.ensure_future(client.generate_batch([[5, 6, 7]] * 10, GREEDY))
+            await asyncio.sleep(0.3)
+            health = await client.health()
+            assert health.num_workers == 0 and health.num_waiting == 10
+            cluster.add_worker()
+            outputs = await asyncio.wait_for(pending, 120)
+            assert all(len(o.token_ids) == GREEDY.max_tokens for o in outputs)
+            assert len({tuple(o.token_ids) for o in outputs}) == 1

@@ -1,0 +1,45 @@
+"""python -m worker_svc --scheduler tcp://127.0.0.1:5556 --model tiny-llama|PATH [--device cpu|cuda:N]
+[--dtype ...] [--load-format auto|dummy] [--kv-cache-gb N]"""
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+
+from worker_svc.runner import ModelRunner
+from worker_svc.runner_config import add_cli_args, from_args
+from worker_svc.service import WorkerService
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m worker_svc", description="stepserve model worker")
+    p.add_argument("--scheduler", default="tcp://127.0.0.1:5556", help="the scheduler's worker address")
+    p.add_argument("--worker-id", default=None, help="unique id (default: host/pid/random)")
+    p.add_argument("--heartbeat-interval", type=float, default=0.5)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--log-level", default="INFO")
+    add_cli_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    runner = ModelRunner(from_args(args))
+    worker_id = args.worker_id or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
+    service = WorkerService(args.scheduler, runner, runner.hello(worker_id),
+                            heartbeat_interval_s=args.heartbeat_interval)
+    signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    signal.signal(signal.SIGINT, lambda *_: service.stop())
+    service.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
