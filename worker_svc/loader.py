@@ -71,8 +71,21 @@ def resolve_dtype(dtype: str, config: dict, is_folder: bool, device: torch.devic
     if is_folder:
         name = config.get("torch_dtype") or config.get("dtype") or "float32"
         return DTYPES.get(name, torch.float32)
-    # Presets: bfloat16 is the fast path on CPUs with AMX and the usual choice on GPUs.
-    return torch.bfloat16
+    # Presets: bfloat16 on GPUs and on CPUs with bf16 matmul units (AMX, AVX512-BF16). On a
+    # CPU without them (AVX2 only) torch emulates bf16 and a matmul ran ~6x slower than in
+    # float32 (measured: [256, 256] x [256, 32000] 270 ms vs 44 ms), so float32 there.
+    if device.type == "cuda" or _cpu_has_fast_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
 
 
 @torch.no_grad()

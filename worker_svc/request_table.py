@@ -28,8 +28,9 @@ class StepInputs:
 
 class RequestTable:
     def __init__(self, max_model_len: int, block_size: int, eos_token_ids: list[int],
-                 num_rows: int = 64):
+                 uses_blocks: bool = True, num_rows: int = 64):
         self.max_model_len, self.block_size = max_model_len, block_size
+        self.uses_blocks = uses_blocks  # False for pure state-space models: no KV, no blocks
         self.eos_token_ids = list(eos_token_ids)
         self.max_blocks = -(-max_model_len // block_size)
         self.row_of: dict[str, int] = {}
@@ -116,7 +117,7 @@ class RequestTable:
         context_lens = num_computed + query_lens
         if (context_lens > self.num_tokens[rows]).any():
             raise ValueError("a plan computes tokens the worker does not have")
-        if (-(-context_lens // bs) > self.num_blocks[rows]).any():
+        if self.uses_blocks and (-(-context_lens // bs) > self.num_blocks[rows]).any():
             raise ValueError("a plan computes tokens past a request's blocks")
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])

@@ -55,7 +55,8 @@ class ModelRunner:
             self.spec, self.num_state_slots, self.dtype, self.device)
         self.state_slots = StateSlotPool(self.num_state_slots)
         self.requests = RequestTable(self.max_model_len, self.block_size,
-                                     self.loaded.eos_token_ids)
+                                     self.loaded.eos_token_ids,
+                                     uses_blocks=self.spec.num_attention_layers > 0)
 
     # ---- the step ------------------------------------------------------------------------
 
