@@ -1,0 +1,208 @@
+"""Random workloads against the scheduler core: adds, aborts at any moment (also mid-step),
+resubmitted ids, tiny block pools that force preemption, both preemption modes and policies.
+
+Invariants checked every step: budgets; the worker's mirrored block tables equal the
+scheduler's; every finish and abort appears exactly once in the next plan's finished_ids;
+integrity (blocks and queues). At the end: every accepted request finished exactly once and
+every block is free.
+"""
+import random
+
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from protocol.sampling import SamplingParams
+from scheduler_svc.config import SchedulerConfig, WorkerCapacity
+from scheduler_svc.errors import RequestRejected
+from scheduler_svc.request import Request
+from scheduler_svc.scheduler import Scheduler
+from tests.scheduler_fakes import FakeWorker
+
+EOS, STOP = 10, 11
+
+configs = st.builds(
+    dict,
+    block_size=st.sampled_from([1, 2, 4]),
+    num_gpu_blocks=st.integers(3, 12),
+    num_cpu_blocks=st.sampled_from([0, 3, 16]),
+    num_state_slots=st.sampled_from([0, 0, 2, 5]),
+    max_model_len=st.integers(6, 48),
+    max_num_seqs=st.integers(1, 8),
+    max_num_batched_tokens=st.integers(2, 24),
+    preemption_mode=st.sampled_from(["recompute", "swap"]),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    enable_chunked_prefill=st.booleans(),
+)
+adds = st.tuples(st.just("add"), st.integers(1, 14), st.integers(1, 24), st.integers(0, 3),
+                 st.integers(0, 2), st.booleans())
+ops = st.lists(st.one_of(
+    adds, adds, adds,
+    st.tuples(st.just("abort"), st.integers(0, 30)),
+    st.tuples(st.just("abort_mid_step"), st.integers(0, 30)),
+    st.tuples(st.just("step")),
+    st.tuples(st.just("step")),
+), min_size=10, max_size=80)
+
+
+class Harness:
+    def __init__(self, cfg: dict, seed: int):
+        capacity = WorkerCapacity(num_gpu_blocks=cfg.pop("num_gpu_blocks"),
+                                  num_cpu_blocks=cfg.pop("num_cpu_blocks"),
+                                  num_state_slots=cfg.pop("num_state_slots"),
+                                  max_model_len=cfg.pop("max_model_len"), eos_token_ids=(EOS,))
+        self.config = SchedulerConfig(**cfg)
+        self.scheduler = Scheduler(self.config, capacity)
+        self.worker = FakeWorker(self.config.block_size, vocab=list(range(10, 30)), seed=seed)
+        self.accepted: list[Request] = []
+        self.expected_finished: list[str] = []  # to appear in the next plan's finished_ids
+        self.num_finish_events: dict[int, int] = {}  # id(request) -> times it finished
+        self.last_step_id = -1
+
+    def add(self, prompt_len, max_tokens, min_tokens, priority, ignore_eos):
+        # Ids repeat, so aborted-and-resubmitted ids and duplicates of live ids both occur.
+        request_id = f"r{len(self.accepted) % 7}"
+        params = SamplingParams(max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens),
+                                ignore_eos=ignore_eos, stop_token_ids=[STOP])
+        request = Request(request_id, list(range(30, 30 + prompt_len)), params, priority=priority)
+        try:
+            self.scheduler.add_request(request)
+        except RequestRejected:
+            return
+        self.accepted.append(request)
+
+    def abort(self, index):
+        if self.accepted:
+            request = self.accepted[index % len(self.accepted)]
+            if self.scheduler.abort(request.request_id) is not None:
+                self._finished(self.scheduler_request_was(request.request_id, request))
+
+    def scheduler_request_was(self, request_id, hint):
+        # The aborted object is the live one with that id (maybe a resubmission, not `hint`).
+        for request in reversed(self.accepted):
+            if request.request_id == request_id and request.finish_reason == "abort" \
+                    and id(request) not in self.num_finish_events:
+                return request
+        raise AssertionError(f"no aborted request {request_id}")
+
+    def _finished(self, request):
+        assert request.is_finished
+        self.num_finish_events[id(request)] = self.num_finish_events.get(id(request), 0) + 1
+        self.expected_finished.append(request.request_id)
+
+    def step(self, abort_index=None) -> bool:
+        plan = self.scheduler.schedule()
+        if plan is None:
+            assert not self.expected_finished, "pending finished ids but no plan"
+            return False
+        assert plan.step_id > self.last_step_id
+        self.last_step_id = plan.step_id
+        assert plan.finished_ids == self.expected_finished, "finished ids lagged, lost or duplicated"
+        self.expected_finished = []
+        assert plan.num_scheduled <= self.config.max_num_seqs
+        num_tokens = sum(d.num_new_tokens for d in plan.new_requests + plan.running_requests)
+        assert num_tokens <= self.config.max_num_batched_tokens
+        ids = [d.request_id for d in plan.new_requests + plan.running_requests]
+        assert len(set(ids)) == len(ids), "a request scheduled twice in one plan"
+        assert not set(ids) & set(plan.preempted_ids)
+        for kind, happened in (("recompute preemption", plan.preempted_ids and not plan.blocks_to_swap_out),
+                               ("swap out", plan.blocks_to_swap_out), ("swap in", plan.blocks_to_swap_in),
+                               ("free-only plan", not ids)):
+            if happened:
+                event(kind)
+        result = self.worker.run(plan)
+        if -1 in result.sampled_token_ids:
+            event("prefill chunk short of the end")
+        if abort_index is not None:
+            self.abort(abort_index)  # arrives while the step runs
+        for update in self.scheduler.update(plan, result):
+            if update.finish_reason is not None:
+                self._finished(update.request)
+        self.check_mirror()
+        self.scheduler.check_integrity()
+        return True
+
+    def check_mirror(self):
+        """The worker's view of each running request equals the scheduler's."""
+        for request in self.scheduler._running.values():
+            mirrored = self.worker.requests[request.request_id]
+            assert mirrored.block_ids == request.block_ids
+            assert mirrored.token_ids == request.all_token_ids
+            assert mirrored.num_computed_tokens == request.num_computed_tokens
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs, ops, st.integers(0, 2**16))
+def test_random_workloads_keep_every_invariant(cfg, operations, seed):
+    harness = Harness(dict(cfg), seed)
+    scheduler = harness.scheduler
+    for op in operations:
+        if op[0] == "add":
+            harness.add(*op[1:])
+        elif op[0] == "abort":
+            harness.abort(op[1])
+        elif op[0] == "abort_mid_step":
+            harness.step(abort_index=op[1])
+        else:
+            harness.step()
+        scheduler.check_integrity()
+    for _ in range(5000):  # drain
+        if not harness.step():
+            break
+    else:
+        raise AssertionError("no progress: livelock")
+    assert not scheduler.has_unfinished_requests and scheduler.num_waiting == 0
+    assert scheduler.num_running == 0 and scheduler.num_swapped == 0
+    assert scheduler.num_free_blocks == scheduler.num_total_blocks
+    assert scheduler.block_manager.cpu.num_free == scheduler.block_manager.cpu.num_blocks
+    for request in harness.accepted:
+        assert request.is_finished and harness.num_finish_events[id(request)] == 1
+        if request.finish_reason in ("length", "stop"):
+            assert 1 <= len(request.output_token_ids) <= request.params.max_tokens
+    assert harness.worker.requests == {}, "the worker still holds state of finished requests"
+
+
+@settings(max_examples=40, deadline=None)
+@given(configs, st.integers(1, 30), st.integers(0, 2**16))
+def test_dead_worker_requests_rerun_to_the_end_elsewhere(cfg, num_requests, seed):
+    harness = Harness(dict(cfg), seed)
+    rng = random.Random(seed)
+    for _ in range(num_requests):
+        harness.add(rng.randint(1, 12), rng.randint(1, 8), 0, rng.randint(0, 2), True)
+    for _ in range(rng.randint(0, 10)):
+        harness.step()
+    live = [r for r in harness.accepted if not r.is_finished]
+    requests = harness.scheduler.take_unfinished()
+    assert sorted(map(id, requests)) == sorted(map(id, live))
+    assert harness.scheduler.num_free_blocks == harness.scheduler.num_total_blocks
+    harness.scheduler.check_integrity()
+    harness.worker = FakeWorker(harness.config.block_size, vocab=list(range(10, 30)), seed=seed)  # fresh
+    harness.expected_finished = []
+    for request in requests:
+        harness.scheduler.add_request(request)
+    while harness.step():
+        pass
+    assert all(r.finish_reason in ("length", "stop") for r in requests)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs, st.integers(0, 2**32))
+def test_heavy_random_workloads_under_memory_pressure(cfg, seed):
+    """Long workloads drawn from a seed: many requests at once, so preemption is the norm."""
+    harness = Harness(dict(cfg), seed)
+    rng = random.Random(seed)
+    for _ in range(300):
+        roll = rng.random()
+        if roll < 0.35:
+            harness.add(rng.randint(1, 14), rng.randint(1, 24), rng.randint(0, 3), rng.randint(0, 2),
+                        rng.random() < 0.5)
+        elif roll < 0.45:
+            harness.abort(rng.randrange(1000))
+        elif roll < 0.55:
+            harness.step(abort_index=rng.randrange(1000))
+        else:
+            harness.step()
+    while harness.step():
+        pass
+    assert not harness.scheduler.has_unfinished_requests
+    assert harness.scheduler.num_free_blocks == harness.scheduler.num_total_blocks
+    assert all(harness.num_finish_events[id(r)] == 1 for r in harness.accepted)
+    assert harness.worker.requests == {}
