@@ -38,6 +38,28 @@ PRESETS: dict[str, dict] = {
     "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
     "tiny-opt": _opt(1000, 128, 512, 2, 4, 512),
     "opt-125m": _opt(50272, 768, 3072, 12, 12, 2048),
+    "tiny-mamba": {
+        "architectures": ["MambaForCausalLM"], "model_type": "mamba", "vocab_size": 1000,
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "state_size": 16,
+        "conv_kernel": 4, "expand": 2, "time_step_rank": 8, "use_conv_bias": True,
+        "use_bias": False, "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
+        "hidden_act": "silu", "tie_word_embeddings": True, "max_position_embeddings": 2048,
+        "bos_token_id": LLAMA_SPECIALS["<s>"], "eos_token_id": LLAMA_SPECIALS["</s>"],
+        "pad_token_id": LLAMA_SPECIALS["<pad>"], "torch_dtype": "float32",
+    },
+    # Layers: mamba, mamba+MoE, attention, mamba+MoE (Jamba's 1:7 attention ratio, shrunk).
+    "tiny-jamba": {
+        "architectures": ["JambaForCausalLM"], "model_type": "jamba", "vocab_size": 1000,
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_period": 4,
+        "attn_layer_offset": 2, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+        "mamba_expand": 2, "mamba_dt_rank": 8, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+        "tie_word_embeddings": False, "max_position_embeddings": 2048,
+        "bos_token_id": LLAMA_SPECIALS["<s>"], "eos_token_id": LLAMA_SPECIALS["</s>"],
+        "pad_token_id": LLAMA_SPECIALS["<pad>"], "torch_dtype": "float32",
+    },
 }
 
 
