@@ -11,7 +11,7 @@ from torch import nn
 
 from worker_svc.forward_batch import ForwardBatch
 from worker_svc.models.base import CacheSpec, ModelCaches
-from worker_svc.models.mamba_mixer import MambaMixer, RMSNorm
+from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer, RMSNorm
 from worker_svc.models.state_layout import StateLayout
 
 
@@ -57,6 +57,7 @@ class MambaForCausalLM(nn.Module):
             num_state_layers=len(self.layers),
             conv_state_shape=(mixer.d_inner, mixer.d_conv),
             ssm_state_shape=(mixer.d_inner, mixer.d_state),
+            state_dtype=STATE_DTYPE,
         )
 
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:

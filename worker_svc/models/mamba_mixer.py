@@ -16,7 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.models.state_layout import SeqGroup, StateLayout
+from worker_svc.models.state_layout import StateLayout
+
+# The scan runs in float32 whatever the model dtype; keeping the carried state in float32 too
+# means a prompt split into chunks rounds exactly like the same prompt in one piece.
+STATE_DTYPE = torch.float32
 
 
 class RMSNorm(nn.Module):
@@ -38,7 +42,7 @@ class MambaMixer(nn.Module):
         super().__init__()
         self.d_inner, self.d_state, self.d_conv, self.dt_rank = d_inner, d_state, d_conv, dt_rank
         self.in_proj = nn.Linear(hidden_size, 2 * d_inner, bias=proj_bias)
-        # Depthwise causal conv; only its weight [D, 1, K] and bias [D] are used (F.conv1d).
+        # Depthwise causal conv; only its weight [D, 1, K] and bias [D] are used.
         self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, bias=conv_bias)
         self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)
@@ -79,8 +83,13 @@ class MambaMixer(nn.Module):
             cols = (group.lens[:, None] + torch.arange(K, device=x.device))  # [G, K]
             new_state = window.gather(2, cols[:, None, :].expand(G, D, K))  # [G, D, K]
             conv_state[group.slots] = new_state.to(conv_state.dtype)
-            # L + 1 outputs; output j ends at column K - 1 + j, so step t is output t + 1.
-            conv = F.conv1d(window, weight, bias, groups=D)[:, :, 1:]  # [G, D, L]
+            # The K inputs ending at step t are columns t + 1 .. t + K (window t + 1 of L + 1).
+            # Multiply-and-sum in float32 rather than F.conv1d: CPU's depthwise conv1d in
+            # bfloat16 took ~70 ms per call on tiny shapes.
+            taps = window.float().unfold(2, K, 1)[:, :, 1:]  # [G, D, L, K]
+            conv = (taps * weight.float().view(1, D, 1, K)).sum(-1)  # [G, D, L]
+            if bias is not None:
+                conv = conv + bias.float()[None, :, None]
             group.scatter(F.silu(conv.transpose(1, 2)), out)
         return out
 

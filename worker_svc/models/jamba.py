@@ -1,0 +1,181 @@
+"""Jamba: a hybrid of attention and Mamba layers, the `JambaForCausalLM` of a config.json.
+
+Layer i is attention when i % attn_layer_period == attn_layer_offset, Mamba otherwise; its
+feed-forward is a top-k MoE when i % expert_layer_period == expert_layer_offset and
+num_experts > 1, a plain gated MLP otherwise. Each layer: x + mixer(norm(x)), then
+x + ffn(norm(x)). Jamba's attention has no positional encoding (no RoPE): the Mamba layers
+carry order.
+
+Caches: the i-th attention layer uses caches.kv[i] (paged KV), the j-th Mamba layer
+caches.conv[j] / caches.ssm[j] (rows by state slot); the runner needs both kinds.
+"""
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from worker_svc.attention import attention_metadata, paged_attention
+from worker_svc.forward_batch import ForwardBatch
+from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
+from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer, RMSNorm
+from worker_svc.models.state_layout import StateLayout
+
+
+class JambaAttention(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        hidden = cfg["hidden_size"]
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
+        self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, H, Dh]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv_cache, meta, scale=self.head_dim ** -0.5)  # [T, H*Dh]
+        return self.o_proj(out)
+
+
+def _mamba_mixer(cfg: dict) -> MambaMixer:
+    hidden = cfg["hidden_size"]
+    dt_rank = cfg.get("mamba_dt_rank", "auto")
+    dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
+    return MambaMixer(
+        hidden, cfg.get("mamba_expand", 2) * hidden, cfg.get("mamba_d_state", 16),
+        cfg.get("mamba_d_conv", 4), dt_rank, conv_bias=cfg.get("mamba_conv_bias", True),
+        proj_bias=cfg.get("mamba_proj_bias", False), bcdt_norm_eps=cfg.get("rms_norm_eps", 1e-6))
+
+
+class JambaDecoderLayer(nn.Module):
+    def __init__(self, cfg: dict, is_attention: bool, num_experts: int):
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.is_attention = is_attention
+        # Hugging Face names: `self_attn` on attention layers, `mamba` on the others.
+        if is_attention:
+            self.self_attn = JambaAttention(cfg)
+        else:
+            self.mamba = _mamba_mixer(cfg)
+        self.feed_forward = (
+            JambaSparseMoe(hidden, cfg["intermediate_size"], num_experts,
+                           cfg.get("num_experts_per_tok", 2))
+            if num_experts > 1 else JambaMLP(hidden, cfg["intermediate_size"]))
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.pre_ff_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, h, layout, attn_meta, kv, conv, ssm) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        if self.is_attention:
+            h = h + self.self_attn(x, kv, attn_meta)
+        else:
+            h = h + self.mamba(x, layout, conv, ssm)
+        return h + self.feed_forward(self.pre_ff_layernorm(h))
+
+
+class JambaForCausalLM(nn.Module):
+    def __init__(self, config: dict, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Jamba hidden_act {config['hidden_act']!r} unsupported (silu only)")
+        self.config, self.dtype = config, dtype
+        hidden, vocab = config["hidden_size"], config["vocab_size"]
+        attn_period, attn_offset = config.get("attn_layer_period", 8), config.get("attn_layer_offset", 4)
+        exp_period, exp_offset = config.get("expert_layer_period", 2), config.get("expert_layer_offset", 1)
+        num_experts = config.get("num_experts", config.get("num_local_experts", 16))
+        self.layers = nn.ModuleList(
+            JambaDecoderLayer(config, is_attention=i % attn_period == attn_offset,
+                              num_experts=num_experts if i % exp_period == exp_offset else 1)
+            for i in range(config["num_hidden_layers"]))
+        # Index of each layer into caches.kv (attention) or caches.conv / caches.ssm (Mamba).
+        self.cache_index = []
+        counts = {True: 0, False: 0}
+        for layer in self.layers:
+            self.cache_index.append(counts[layer.is_attention])
+            counts[layer.is_attention] += 1
+        self.num_attention_layers, self.num_mamba_layers = counts[True], counts[False]
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.final_layernorm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.tie_word_embeddings = config.get("tie_word_embeddings", False)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.to(dtype)
+        self.requires_grad_(False)
+
+    def cache_spec(self) -> CacheSpec:
+        attn = next((l.self_attn for l in self.layers if l.is_attention), None)
+        mixer = next((l.mamba for l in self.layers if not l.is_attention), None)
+        return CacheSpec(
+            num_attention_layers=self.num_attention_layers,
+            num_kv_heads=attn.num_kv_heads if attn else 0,
+            head_dim=attn.head_dim if attn else 0,
+            num_state_layers=self.num_mamba_layers,
+            conv_state_shape=(mixer.d_inner, mixer.d_conv) if mixer else (),
+            ssm_state_shape=(mixer.d_inner, mixer.d_state) if mixer else (),
+            state_dtype=STATE_DTYPE,
+        )
+
+    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """Packed batch -> hidden [T, hidden]; writes KV and updates the slots' state rows."""
+        attn_meta = (attention_metadata(batch, block_size=caches.kv[0].shape[2])
+                     if self.num_attention_layers else None)
+        layout = StateLayout.build(batch) if self.num_mamba_layers else None
+        h = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        for layer, idx in zip(self.layers, self.cache_index):
+            if layer.is_attention:
+                h = layer(h, layout, attn_meta, caches.kv[idx], None, None)
+            else:
+                h = layer(h, layout, attn_meta, None, caches.conv[idx], caches.ssm[idx])
+        return self.final_layernorm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            head, sep, suffix = name.partition(".feed_forward.experts.")
+            if sep and name not in params:  # per-expert checkpoint layout
+                moe = self.layers[int(head.split(".")[1])].feed_forward
+                if not isinstance(moe, JambaSparseMoe) or not load_expert_weight(moe, suffix, tensor):
+                    raise KeyError(f"unexpected Jamba weight {hf_name}")
+                loaded.add(f"{head}.feed_forward.experts.{suffix}")
+                continue
+            if name not in params:
+                raise KeyError(f"unexpected Jamba weight {hf_name}")
+            if tuple(params[name].shape) != tuple(tensor.shape):
+                raise ValueError(f"{hf_name}: checkpoint {tuple(tensor.shape)}, "
+                                 f"model {tuple(params[name].shape)}")
+            with torch.no_grad():
+                params[name].copy_(tensor.to(params[name].dtype))
+            loaded.add(name)
+        self._check_loaded(set(params), loaded)
+
+    def _check_loaded(self, param_names: set[str], loaded: set[str]) -> None:
+        expected = set()
+        for name in param_names:
+            head, sep, fused = name.partition(".feed_forward.experts.")
+            if not sep or name in loaded:
+                expected.add(name)
+                continue
+            num_experts = self.layers[int(head.split(".")[1])].feed_forward.num_experts
+            projs = ("gate_proj", "up_proj") if fused == "gate_up_proj" else ("down_proj",)
+            expected |= {f"{head}.feed_forward.experts.{e}.{p}.weight"
+                         for e in range(num_experts) for p in projs}
+        if self.tie_word_embeddings:
+            expected.discard("lm_head.weight")
+        missing = expected - loaded
+        if missing:
+            raise KeyError(f"Jamba weights missing from the checkpoint: {sorted(missing)[:8]}")

@@ -1,0 +1,85 @@
+"""Jamba's feed-forward blocks: a gated MLP, or a top-k mixture of such MLPs (experts).
+
+Routing follows transformers' JambaSparseMoeBlock: softmax over all experts in float32, keep
+the top k, do NOT renormalise the kept weights. Experts run one at a time over the tokens
+routed to them, in expert order, accumulating with index_add_ like transformers, so float32
+outputs match it to the last bits as closely as possible.
+
+Expert weights are stored fused like transformers 5 (`experts.gate_up_proj` [E, 2I, H],
+`experts.down_proj` [E, H, I]); checkpoints with per-expert `experts.{e}.gate_proj.weight`
+etc. (what save_pretrained writes, and the published Jamba checkpoints) are sliced in by
+`load_expert_weight`.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class JambaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class JambaRouter(nn.Module):
+    def __init__(self, hidden_size: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden_size))
+
+
+class JambaExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size,
+                                                     hidden_size))
+        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
+
+
+class JambaSparseMoe(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int):
+        super().__init__()
+        self.num_experts, self.top_k = num_experts, top_k
+        self.router = JambaRouter(hidden_size, num_experts)
+        self.experts = JambaExperts(num_experts, hidden_size, intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        router_logits = F.linear(x, self.router.weight)  # [T, E]
+        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+        top_weights, top_experts = torch.topk(probs, self.top_k, dim=-1)  # [T, k] each
+        top_weights = top_weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(top_experts).tolist():  # sorted: same order as transformers
+            token_idx, k_idx = torch.where(top_experts == expert)  # tokens routed to it
+            gate, up = F.linear(x[token_idx], self.experts.gate_up_proj[expert]).chunk(2, -1)
+            y = F.linear(F.silu(gate) * up, self.experts.down_proj[expert])  # [n, H]
+            out.index_add_(0, token_idx, y * top_weights[token_idx, k_idx, None])
+        return out
+
+
+def load_expert_weight(moe: JambaSparseMoe, suffix: str, tensor: torch.Tensor) -> bool:
+    """Copy a per-expert checkpoint tensor ('{e}.gate_proj.weight' etc., relative to
+    `experts.`) into the fused parameters; False if `suffix` is not of that form."""
+    parts = suffix.split(".")
+    if len(parts) != 3 or not parts[0].isdigit() or parts[2] != "weight":
+        return False
+    expert, proj, inter = int(parts[0]), parts[1], moe.experts.intermediate_size
+    targets = {
+        "gate_proj": moe.experts.gate_up_proj[expert, :inter],  # [I, H]
+        "up_proj": moe.experts.gate_up_proj[expert, inter:],  # [I, H]
+        "down_proj": moe.experts.down_proj[expert],  # [H, I]
+    }
+    if proj not in targets:
+        return False
+    target = targets[proj]
+    if target.shape != tensor.shape:
+        raise ValueError(f"expert {expert} {proj}: checkpoint {tuple(tensor.shape)}, "
+                         f"model {tuple(target.shape)}")
+    with torch.no_grad():
+        target.copy_(tensor.to(target.dtype))
+    return True
