@@ -76,9 +76,9 @@ class MambaMixer(nn.Module):
         weight, bias, K = self.conv1d.weight, self.conv1d.bias, self.d_conv  # weight [D, 1, K]
         for group in layout.groups:
             G, D = group.lens.shape[0], self.d_inner
-            xs = group.gather(x).transpose(1, 2)  # [G, D, L]
-            init = group.initial_state(conv_state).to(x.dtype)  # [G, D, K]
-            window = torch.cat([init, xs], dim=-1)  # [G, D, K + L]
+            xs = group.gather(x.float()).transpose(1, 2)  # [G, D, L]
+            init = group.initial_state(conv_state).float()  # [G, D, K]
+            window = torch.cat([init, xs], dim=-1)  # [G, D, K + L] float32
             # The last K real inputs of each sequence sit at columns lens .. lens + K - 1.
             cols = (group.lens[:, None] + torch.arange(K, device=x.device))  # [G, K]
             new_state = window.gather(2, cols[:, None, :].expand(G, D, K))  # [G, D, K]
@@ -86,7 +86,7 @@ class MambaMixer(nn.Module):
             # The K inputs ending at step t are columns t + 1 .. t + K (window t + 1 of L + 1).
             # Multiply-and-sum in float32 rather than F.conv1d: CPU's depthwise conv1d in
             # bfloat16 took ~70 ms per call on tiny shapes.
-            taps = window.float().unfold(2, K, 1)[:, :, 1:]  # [G, D, L, K]
+            taps = window.unfold(2, K, 1)[:, :, 1:]  # [G, D, L, K]
             conv = (taps * weight.float().view(1, D, 1, K)).sum(-1)  # [G, D, L]
             if bias is not None:
                 conv = conv + bias.float()[None, :, None]
