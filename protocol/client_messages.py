@@ -88,6 +88,19 @@ class ModelInfo(Message, tag=True):
     num_workers: int = 0
 
 
+class ReplicaHealth(msgspec.Struct, array_like=True):
+    """One replica (a worker, or a tensor-parallel group) as the scheduler sees it."""
+
+    name: str
+    num_ranks: int
+    num_steps: int
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_free_blocks: int
+    num_total_blocks: int
+
+
 class Health(Message, tag=True):
     num_waiting: int
     num_running: int
@@ -103,6 +116,7 @@ class Health(Message, tag=True):
     # Worker-reported usage, summed over workers (from their last heartbeat or result).
     worker_kv_blocks_in_use: int = 0
     worker_state_slots_in_use: int = 0
+    replicas: list[ReplicaHealth] = []
 
 
 ClientToScheduler = Generate | Abort | ModelInfoQuery | HealthQuery

@@ -34,6 +34,9 @@ class WorkerHello(Message, tag=True):
     tokenizer_json: str | None
     tensor_parallel_size: int = 1
     rank: int = 0
+    # The ranks of one tensor-parallel group share a group id and form one replica: the same
+    # plan goes to every rank, rank 0 answers. Empty for a worker alone (its worker_id is used).
+    group_id: str = ""
 
 
 class StepResult(Message, tag=True):

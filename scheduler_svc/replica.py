@@ -27,7 +27,7 @@ class Replica:
         )
         self.core = Scheduler(config, capacity)
         self.alive = True
-        self.last_seen = time.monotonic()
+        self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything
         self.wakeup = asyncio.Event()
         self.inflight: StepPlan | None = None
         self._result: asyncio.Future | None = None
@@ -50,6 +50,15 @@ class Replica:
     def add_rank(self, rank: int, identity: bytes, worker_id: str) -> None:
         self.identities[rank] = identity
         self.worker_ids[rank] = worker_id
+        self.last_seen[worker_id] = time.monotonic()
+
+    def seen(self, worker_id: str) -> None:
+        if worker_id in self.last_seen:
+            self.last_seen[worker_id] = time.monotonic()
+
+    def silent_for(self, now: float) -> float:
+        """How long the quietest rank has been silent: one dead rank stalls the whole group."""
+        return now - min(self.last_seen.values())
 
     def begin_step(self, plan: StepPlan) -> asyncio.Future:
         assert self.inflight is None, "one step in flight per replica"
@@ -59,7 +68,7 @@ class Replica:
 
     def deliver(self, result: StepResult) -> bool:
         """Hands the worker's answer to the waiting step; False if it answers no live step."""
-        self.last_seen = time.monotonic()
+        self.seen(self.worker_ids[0])
         if self.inflight is None or result.step_id != self.inflight.step_id:
             return False
         self.inflight = None

@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from protocol import ErrorCode, ProtocolError
 from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
-                                      ModelInfo, ModelInfoQuery, RequestOutputs)
+                                      ModelInfo, ModelInfoQuery, ReplicaHealth, RequestOutputs)
 from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
 from protocol.worker_messages import Heartbeat, Shutdown, StepResult, WorkerHello
 from scheduler_svc.config import SchedulerConfig
@@ -146,12 +146,12 @@ class SchedulerService:
                 continue
             if isinstance(message, StepResult):
                 replica = self.replica_by_identity.get(identity)
-                if replica is not None:
+                if replica is not None and identity == replica.identities.get(0):
                     replica.deliver(message)
             elif isinstance(message, Heartbeat):
                 replica = self.replica_by_worker_id.get(message.worker_id)
                 if replica is not None:
-                    replica.last_seen = time.monotonic()
+                    replica.seen(message.worker_id)
                     replica.last_heartbeat[message.worker_id] = message
             elif isinstance(message, WorkerHello):
                 self._on_hello(identity, message)
@@ -161,8 +161,8 @@ class SchedulerService:
             await asyncio.sleep(min(1.0, self.worker_timeout_s / 4))
             now = time.monotonic()
             for replica in list(self.replicas.values()):
-                if now - replica.last_seen > self.worker_timeout_s:
-                    logger.warning("worker %s silent for %.1f s: dropped", replica.name, now - replica.last_seen)
+                if replica.silent_for(now) > self.worker_timeout_s:
+                    logger.warning("worker %s silent for %.1f s: dropped", replica.name, replica.silent_for(now))
                     self._drop_replica(replica)
 
     async def _reply(self, client: bytes, message) -> bool:
@@ -282,6 +282,9 @@ class SchedulerService:
             num_finished=self.num_finished,
             worker_kv_blocks_in_use=sum(b.num_kv_blocks_in_use for b in beats),
             worker_state_slots_in_use=sum(b.num_state_slots_in_use for b in beats),
+            replicas=[ReplicaHealth(r.name, len(r.identities), r.num_steps, r.core.num_waiting, r.core.num_running,
+                                    r.core.num_swapped, r.core.num_free_blocks, r.core.num_total_blocks)
+                      for r in self.replicas.values()],
         )
 
     # ---- workers -------------------------------------------------------------------
@@ -290,7 +293,7 @@ class SchedulerService:
         old = self.replica_by_worker_id.get(hello.worker_id) or self.replica_by_identity.get(identity)
         if old is not None:
             self._drop_replica(old)  # a restarted worker: its old state is gone
-        name = hello.worker_id if hello.tensor_parallel_size == 1 else f"tp:{hello.model}:{hello.worker_id.rsplit('/', 1)[0]}"
+        name = hello.group_id or hello.worker_id
         replica = self.replicas.get(name)
         if replica is None:
             replica = Replica(name, hello, self.config)
