@@ -117,6 +117,7 @@ class Health(Message, tag=True):
     worker_kv_blocks_in_use: int = 0
     worker_state_slots_in_use: int = 0
     replicas: list[ReplicaHealth] = []
+    num_preemptions: int = 0
 
 
 ClientToScheduler = Generate | Abort | ModelInfoQuery | HealthQuery

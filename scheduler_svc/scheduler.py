@@ -69,6 +69,7 @@ class Scheduler:
         self._next_step_id = 0
         self._next_arrival = 0
         self._inflight: tuple[int, list[Request], list[int]] | None = None
+        self.num_preemptions = 0  # for stats: how often memory pressure evicted a request
 
     # ---- requests in and out ---------------------------------------------------------
 
@@ -185,6 +186,7 @@ class Scheduler:
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         del self._running[request.request_id]
+        self.num_preemptions += 1
         if self.use_swap and self.block_manager.can_swap_out(request):
             batch.swap_out += self.block_manager.swap_out(request)
             request.status = SWAPPED

@@ -285,6 +285,7 @@ class SchedulerService:
             replicas=[ReplicaHealth(r.name, len(r.identities), r.num_steps, r.core.num_waiting, r.core.num_running,
                                     r.core.num_swapped, r.core.num_free_blocks, r.core.num_total_blocks)
                       for r in self.replicas.values()],
+            num_preemptions=sum(c.num_preemptions for c in cores),
         )
 
     # ---- workers -------------------------------------------------------------------
