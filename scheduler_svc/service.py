@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from protocol import ErrorCode, ProtocolError
 from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
-                                      ModelInfo, ModelInfoQuery, ReplicaHealth, RequestOutputs)
+                                      ModelInfo, ModelInfoQuery, RequestOutputs)
 from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
 from protocol.worker_messages import Heartbeat, Shutdown, StepResult, WorkerHello
 from scheduler_svc.config import SchedulerConfig
@@ -24,6 +24,7 @@ from scheduler_svc.errors import RequestRejected
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
 from scheduler_svc.outputs import OutputBatcher, error_output, output_for
 from scheduler_svc.replica import Replica, WorkerLost
+from scheduler_svc.stats import health, model_info
 from scheduler_svc.request import FINISHED_STATUS, Request
 from scheduler_svc.waiting_queue import make_waiting_queue
 
@@ -256,37 +257,10 @@ class SchedulerService:
             await self._reply(client, RequestOutputs(outputs))
 
     def _model_info(self) -> ModelInfo:
-        hello = self.last_hello
-        if hello is None:
-            return ModelInfo(model=None)
-        return ModelInfo(model=hello.model, vocab_size=hello.vocab_size, max_model_len=hello.max_model_len,
-                         eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
-                         num_workers=len(self.replicas))
+        return model_info(self.last_hello, len(self.replicas))
 
     def _health(self) -> Health:
-        cores = [r.core for r in self.replicas.values()]
-        beats = [r.last_heartbeat[r.worker_ids[0]] for r in self.replicas.values() if r.worker_ids.get(0) in r.last_heartbeat]
-        window = list(self.step_times)
-        steps_per_s = (len(window) - 1) / (window[-1] - window[0]) if len(window) > 1 and window[-1] > window[0] else 0.0
-        return Health(
-            num_waiting=len(self.pending) + sum(c.num_waiting for c in cores),
-            num_running=sum(c.num_running for c in cores),
-            num_swapped=sum(c.num_swapped for c in cores),
-            num_workers=sum(len(r.identities) for r in self.replicas.values()),
-            num_free_blocks=sum(c.num_free_blocks for c in cores),
-            num_total_blocks=sum(c.num_total_blocks for c in cores),
-            num_free_state_slots=sum(c.num_free_state_slots for c in cores),
-            num_total_state_slots=sum(r.hello.num_state_slots for r in self.replicas.values()),
-            steps_per_s=round(steps_per_s, 2),
-            num_steps=sum(r.num_steps for r in self.replicas.values()),
-            num_finished=self.num_finished,
-            worker_kv_blocks_in_use=sum(b.num_kv_blocks_in_use for b in beats),
-            worker_state_slots_in_use=sum(b.num_state_slots_in_use for b in beats),
-            replicas=[ReplicaHealth(r.name, len(r.identities), r.num_steps, r.core.num_waiting, r.core.num_running,
-                                    r.core.num_swapped, r.core.num_free_blocks, r.core.num_total_blocks)
-                      for r in self.replicas.values()],
-            num_preemptions=sum(c.num_preemptions for c in cores),
-        )
+        return health(list(self.replicas.values()), len(self.pending), self.step_times, self.num_finished)
 
     # ---- workers -------------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 import asyncio
 import random
 
-import msgspec
 import pytest
 import zmq
 import zmq.asyncio

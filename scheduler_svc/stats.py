@@ -1,0 +1,46 @@
+"""Answers to model-info and health queries, from the replicas' cores and workers' heartbeats."""
+from collections.abc import Sequence
+
+from protocol.client_messages import Health, ModelInfo, ReplicaHealth
+from protocol.worker_messages import WorkerHello
+from scheduler_svc.replica import Replica
+
+
+def model_info(hello: WorkerHello | None, num_replicas: int) -> ModelInfo:
+    if hello is None:
+        return ModelInfo(model=None)
+    return ModelInfo(model=hello.model, vocab_size=hello.vocab_size, max_model_len=hello.max_model_len,
+                     eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
+                     num_workers=num_replicas)
+
+
+def steps_per_second(step_times: Sequence[float]) -> float:
+    """Over the recent window of step end times."""
+    if len(step_times) < 2 or step_times[-1] <= step_times[0]:
+        return 0.0
+    return (len(step_times) - 1) / (step_times[-1] - step_times[0])
+
+
+def health(replicas: list[Replica], num_pending: int, step_times: Sequence[float], num_finished: int) -> Health:
+    cores = [r.core for r in replicas]
+    # Rank 0 speaks for its group: every rank holds the same requests.
+    beats = [r.last_heartbeat[r.worker_ids[0]] for r in replicas if r.worker_ids.get(0) in r.last_heartbeat]
+    return Health(
+        num_waiting=num_pending + sum(c.num_waiting for c in cores),
+        num_running=sum(c.num_running for c in cores),
+        num_swapped=sum(c.num_swapped for c in cores),
+        num_workers=sum(len(r.identities) for r in replicas),
+        num_free_blocks=sum(c.num_free_blocks for c in cores),
+        num_total_blocks=sum(c.num_total_blocks for c in cores),
+        num_free_state_slots=sum(c.num_free_state_slots for c in cores),
+        num_total_state_slots=sum(r.hello.num_state_slots for r in replicas),
+        steps_per_s=round(steps_per_second(step_times), 2),
+        num_steps=sum(r.num_steps for r in replicas),
+        num_finished=num_finished,
+        worker_kv_blocks_in_use=sum(b.num_kv_blocks_in_use for b in beats),
+        worker_state_slots_in_use=sum(b.num_state_slots_in_use for b in beats),
+        replicas=[ReplicaHealth(r.name, len(r.identities), r.num_steps, r.core.num_waiting, r.core.num_running,
+                                r.core.num_swapped, r.core.num_free_blocks, r.core.num_total_blocks)
+                  for r in replicas],
+        num_preemptions=sum(c.num_preemptions for c in cores),
+    )
