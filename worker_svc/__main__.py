@@ -1,5 +1,7 @@
 """python -m worker_svc --scheduler tcp://127.0.0.1:5556 --model tiny-llama|PATH [--device cpu|cuda:N]
-[--dtype ...] [--load-format auto|dummy] [--kv-cache-gb N]"""
+[--dtype ...] [--load-format auto|dummy] [--kv-cache-gb N]
+[--tensor-parallel-size N --rank R --dist-init-address tcp://HOST:PORT [--group-id ID]]
+[--devices all]  (one worker process per visible CUDA device)"""
 import argparse
 import logging
 import os
@@ -8,6 +10,8 @@ import socket
 import sys
 import uuid
 
+from worker_svc import devices
+from worker_svc.parallel import default_group_id
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import add_cli_args, from_args
 from worker_svc.service import WorkerService
@@ -20,21 +24,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--heartbeat-interval", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--group-id", default=None,
+                   help="tensor-parallel group id, the same on every rank (default: derived "
+                        "from --dist-init-address)")
+    p.add_argument("--devices", choices=["all"], default=None,
+                   help="all: one worker process per visible CUDA device (data parallel); "
+                        "one CPU worker when none is visible")
     add_cli_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.devices == "all":
+        if args.tensor_parallel_size > 1:
+            raise SystemExit("--devices all starts data-parallel replicas; "
+                             "it does not combine with --tensor-parallel-size > 1")
+        num_devices = devices.num_visible_cuda_devices()
+        if num_devices:
+            return devices.run_per_device(argv, num_devices, args.worker_id)
+        args.device = "cpu"
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
     runner = ModelRunner(from_args(args))
     worker_id = args.worker_id or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
-    service = WorkerService(args.scheduler, runner, runner.hello(worker_id),
-                            heartbeat_interval_s=args.heartbeat_interval)
+    group_id = ""
+    if args.tensor_parallel_size > 1:
+        group_id = args.group_id or default_group_id(args.dist_init_address)
+    # Every rank says hello and heartbeats; only rank 0 answers steps.
+    service = WorkerService(args.scheduler, runner, runner.hello(worker_id, group_id),
+                            heartbeat_interval_s=args.heartbeat_interval,
+                            answers=runner.tp.is_driver)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
     service.serve()

@@ -1,7 +1,9 @@
 """Model loading: a Hugging Face folder or a built-in preset, real or seeded random weights.
 
 Random ("dummy") weights are a pure function of (parameter name, shape, seed): two processes
-that load the same preset get bit-identical weights, which end-to-end tests rely on.
+that load the same preset get bit-identical weights, which end-to-end tests rely on. Under
+tensor parallelism each rank draws the full (unsharded) tensor and keeps its slice, so a group
+of N ranks holds exactly the weights of one worker alone.
 """
 import glob
 import json
@@ -14,6 +16,8 @@ import torch
 from worker_svc import presets
 from worker_svc.byte_tokenizer import byte_tokenizer_json
 from worker_svc.models import model_class
+from worker_svc.models.layers import Linear
+from worker_svc.parallel import TensorParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
@@ -36,8 +40,10 @@ class LoadedModel:
 
 
 def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
-               load_format: str = "auto", seed: int = 0) -> LoadedModel:
-    """model: a preset name (presets.PRESETS) or a Hugging Face model folder."""
+               load_format: str = "auto", seed: int = 0,
+               tp: TensorParallel = TensorParallel()) -> LoadedModel:
+    """model: a preset name (presets.PRESETS) or a Hugging Face model folder; tp: which shard
+    of it this process holds."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} not in {LOAD_FORMATS}")
     device = torch.device(device)
@@ -51,9 +57,14 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
         tokenizer_json = _read_optional(os.path.join(model, "tokenizer.json"))
     else:
         raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}) nor a folder")
+    cls = model_class(config)
+    if tp.size > 1 and not getattr(cls, "supports_tensor_parallel", False):
+        raise ValueError(f"{model}: {config.get('architectures')} does not support tensor "
+                         "parallelism (state-space models: Mamba, Jamba); use "
+                         "--tensor-parallel-size 1 and data-parallel replicas instead")
     torch_dtype = resolve_dtype(dtype, config, is_folder=not presets.is_preset(model), device=device)
     with torch.device(device):
-        module = model_class(config)(config, torch_dtype)
+        module = cls(config, torch_dtype, tp) if tp.size > 1 else cls(config, torch_dtype)
     if load_format == "dummy":
         init_dummy_weights(module, seed)
     else:
@@ -91,13 +102,26 @@ def _cpu_has_fast_bf16() -> bool:
 @torch.no_grad()
 def init_dummy_weights(module: torch.nn.Module, seed: int = 0) -> None:
     """Seeded normal(0, 0.02) weights and biases; norm weights 1 so activations stay sane."""
+    modules = dict(module.named_modules())
     for name, param in module.named_parameters():
         if "norm" in name and name.endswith(".weight"):
             param.fill_(1.0)
             continue
+        module_name, _, param_name = name.rpartition(".")
+        owner = modules[module_name]
+        shape = owner.full_shape(param_name) if isinstance(owner, Linear) else param.shape
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if isinstance(owner, Linear):
+            values = _shard_full(owner, param_name, values)
         param.copy_(values.mul_(_DUMMY_STD))
+
+
+def _shard_full(linear: Linear, param_name: str, full: torch.Tensor) -> torch.Tensor:
+    """full: a parameter as an unsharded layer holds it (q | k | v fused) -> this rank's
+    q_r | k_r | v_r, each part sliced on its own like a checkpoint's q_proj, k_proj, v_proj."""
+    parts = full.split(linear.full_shard_sizes) if linear.full_shard_sizes else (full,)
+    return torch.cat([linear.shard(param_name, part) for part in parts])
 
 
 def _iter_checkpoint(folder: str, load_format: str):

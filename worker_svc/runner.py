@@ -7,6 +7,9 @@ building a step's inputs is a handful of vectorised gathers, never a Python loop
 A step, in order: free finished and preempted requests; swap out, swap in, copy blocks; register
 new requests; append running requests' new blocks; one forward; sample the sequences whose
 computed tokens reached the end of their known tokens; append the sampled tokens.
+
+Tensor parallel: every rank of a group runs the same plans on its shard of the model and KV
+cache; rank 0 samples and broadcasts the token ids, so every rank appends the same tokens.
 """
 import logging
 
@@ -18,6 +21,7 @@ from worker_svc import kv_cache
 from worker_svc.forward_batch import ForwardBatch
 from worker_svc.loader import load_model
 from worker_svc.models.base import ModelCaches
+from worker_svc.parallel import TensorParallel, init_process_group
 from worker_svc.request_table import RequestTable
 from worker_svc.runner_config import RunnerConfig
 from worker_svc.sampler import sample
@@ -30,19 +34,22 @@ _GiB = 1 << 30
 class ModelRunner:
     def __init__(self, config: RunnerConfig):
         self.config = config
+        self.tp = TensorParallel(config.tensor_parallel_size, config.rank)
+        # Load before joining the group: a model that cannot be sharded fails at once.
         self.loaded = load_model(config.model, dtype=config.dtype, device=config.device,
-                                 load_format=config.load_format, seed=config.seed)
+                                 load_format=config.load_format, seed=config.seed, tp=self.tp)
+        init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
         model_config = self.loaded.config
         self.vocab_size = model_config["vocab_size"]
         self.max_model_len = config.max_model_len or model_config.get("max_position_embeddings", 2048)
         self.block_size = config.block_size
-        self.spec = self.model.cache_spec()
+        self.spec = self.model.cache_spec()  # this rank's KV heads only
         self.num_gpu_blocks = config.num_gpu_blocks
         if self.num_gpu_blocks is None:
-            self.num_gpu_blocks = kv_cache.num_device_blocks(
+            self.num_gpu_blocks = self.tp.min_over_ranks(kv_cache.num_device_blocks(
                 self.spec, self.block_size, self.dtype, self.device, config.kv_cache_gb,
-                config.gpu_memory_utilization)
+                config.gpu_memory_utilization), self.device)
         self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
             config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
         self.caches = ModelCaches(kv=kv_cache.allocate_kv(
@@ -100,8 +107,7 @@ class ModelRunner:
         sampled = inputs.sampled_mask  # [B] bool
         tokens, logprobs = np.empty(0, dtype=np.int64), None
         if sampled.any():
-            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, V] float32
-            tokens, logprobs = sample(logits, self.requests.sampling_metadata(rows[sampled]))
+            tokens, logprobs = self._sample(hidden[batch.logits_indices], rows[sampled])
         self.requests.advance(rows, query_lens, rows[sampled], tokens)
         out = np.full(len(rows), -1, dtype=np.int64)
         out[sampled] = tokens
@@ -111,6 +117,22 @@ class ModelRunner:
                 aligned[i] = lp
             logprobs = aligned
         return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs)
+
+    def _sample(self, hidden: torch.Tensor, rows: np.ndarray):
+        """hidden: [S, hidden] -> token ids [S], the same on every rank, and rank 0's logprobs.
+
+        Only rank 0 computes logits and samples (the others' would be identical work), then
+        broadcasts the ids: exact for seeded and unseeded random sampling alike."""
+        tokens, logprobs = None, None
+        if self.tp.is_driver:
+            try:
+                logits = self.model.compute_logits(hidden)  # [S, V] float32
+                tokens, logprobs = sample(logits, self.requests.sampling_metadata(rows))
+            finally:  # on failure too, so the other ranks are not left waiting
+                tokens = self.tp.broadcast_tokens(tokens, len(rows), self.device)
+        else:
+            tokens = self.tp.broadcast_tokens(None, len(rows), self.device)
+        return tokens, logprobs
 
     def _to_batch(self, inputs) -> ForwardBatch:
         def tensor(array: np.ndarray) -> torch.Tensor:
@@ -143,7 +165,8 @@ class ModelRunner:
 
     # ---- info --------------------------------------------------------------------------------
 
-    def hello(self, worker_id: str, tensor_parallel_size: int = 1, rank: int = 0) -> WorkerHello:
+    def hello(self, worker_id: str, group_id: str = "") -> WorkerHello:
+        """group_id: shared by the ranks of a tensor-parallel group; "" for a worker alone."""
         return WorkerHello(
             worker_id=worker_id, model=self.loaded.name, device=str(self.device),
             dtype=self.loaded.dtype_name, vocab_size=self.vocab_size,
@@ -151,7 +174,7 @@ class ModelRunner:
             num_gpu_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks,
             num_state_slots=self.num_state_slots, eos_token_ids=self.loaded.eos_token_ids,
             tokenizer_json=self.loaded.tokenizer_json,
-            tensor_parallel_size=tensor_parallel_size, rank=rank)
+            tensor_parallel_size=self.tp.size, rank=self.tp.rank, group_id=group_id)
 
     def stats(self) -> dict[str, int]:
         """Field names of protocol Heartbeat: Heartbeat(worker_id=..., **runner.stats())."""

@@ -17,6 +17,11 @@ class RunnerConfig:
     swap_space_gb: float = 0.0  # host memory for swapped-out blocks; 0 disables swap
     num_state_slots: int = 256  # Mamba state slots, for models with state layers
     num_gpu_blocks: int | None = None  # override the computed number of device KV blocks
+    # Tensor parallel: this process is rank `rank` of a group of tensor_parallel_size processes
+    # that meet at dist_init_address (tcp://host:port, required when the size is > 1).
+    tensor_parallel_size: int = 1
+    rank: int = 0
+    dist_init_address: str = ""
 
     def __post_init__(self):
         if self.block_size <= 0 or self.num_state_slots < 0:
@@ -25,6 +30,11 @@ class RunnerConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.kv_cache_gb < 0 or self.swap_space_gb < 0:
             raise ValueError("kv_cache_gb and swap_space_gb must be >= 0")
+        if not 0 <= self.rank < self.tensor_parallel_size:
+            raise ValueError(f"rank {self.rank} not in [0, tensor_parallel_size "
+                             f"{self.tensor_parallel_size})")
+        if self.tensor_parallel_size > 1 and not self.dist_init_address:
+            raise ValueError("--dist-init-address is required when --tensor-parallel-size > 1")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,12 @@ from torch import nn
 
 
 class Linear(nn.Module):
-    """y = x W^T + b. shard_sizes splits a fused output (q|k|v, gate|up) for weight loading."""
+    """y = x W^T + b, the same on every rank. shard_sizes splits a fused output (q|k|v, gate|up)
+    for weight loading.
+
+    Weight loading asks a Linear for this rank's part of a full (unsharded) tensor through
+    full_shape and shard; the tensor-parallel subclasses (parallel_linear.py) slice there.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  shard_sizes: tuple[int, ...] = ()):
@@ -25,6 +30,18 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    @property
+    def full_shard_sizes(self) -> tuple[int, ...]:
+        """shard_sizes of the unsharded layer (a tensor-parallel size of 1)."""
+        return self.shard_sizes
+
+    def full_shape(self, param_name: str) -> torch.Size:
+        return getattr(self, param_name).shape
+
+    def shard(self, param_name: str, full: torch.Tensor) -> torch.Tensor:
+        """full: one unfused part (q, k, gate, ...) or the whole parameter -> this rank's part."""
+        return full
 
 
 class Embedding(nn.Module):
@@ -101,13 +118,17 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
             fused, shard = _FUSED[parts[-2]]
             module_name = ".".join(parts[:-2] + [fused])
             target = params[f"{module_name}.{parts[-1]}"]
-            sizes = modules[module_name].shard_sizes
+            module = modules[module_name]
+            sizes = module.shard_sizes
             start = sum(sizes[:shard])
-            target.data[start:start + sizes[shard]].copy_(tensor)
+            target.data[start:start + sizes[shard]].copy_(module.shard(parts[-1], tensor))
             covered.add(f"{module_name}.{parts[-1]}#{shard}")
             continue
         if name not in params:
             raise ValueError(f"unexpected weight {name}")
+        module = modules.get(name.rsplit(".", 1)[0])
+        if isinstance(module, Linear):
+            tensor = module.shard(parts[-1], tensor)
         assert params[name].shape == tensor.shape, f"{name}: {tuple(tensor.shape)} vs {tuple(params[name].shape)}"
         params[name].data.copy_(tensor)
         covered.add(name)

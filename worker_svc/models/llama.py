@@ -3,6 +3,11 @@
 Options read from config.json: num_key_value_heads (GQA), head_dim, rope_theta (or transformers
 5's rope_parameters), rms_norm_eps, attention_bias (all four projections, Llama) or Qwen2's
 q/k/v bias, mlp_bias, tie_word_embeddings.
+
+Tensor parallel (tp.size = N): each rank holds num_attention_heads / N query heads and
+num_key_value_heads / N KV heads (so both must divide by N; a GQA model with fewer KV heads than
+ranks is refused rather than replicating KV heads), and intermediate_size / N MLP features.
+Embeddings and the LM head are replicated.
 """
 from typing import Iterable
 
@@ -14,6 +19,8 @@ from worker_svc.attention import attention_metadata, paged_attention
 from worker_svc.forward_batch import ForwardBatch
 from worker_svc.models.base import CacheSpec, ModelCaches
 from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, load_hf_weights
+from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from worker_svc.parallel import TensorParallel
 
 
 def _rope_theta(config: dict) -> float:
@@ -25,52 +32,56 @@ def _rope_theta(config: dict) -> float:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
         super().__init__()
         hidden_size = config["hidden_size"]
-        self.num_heads = config["num_attention_heads"]
-        self.num_kv_heads = config.get("num_key_value_heads") or self.num_heads
-        self.head_dim = config.get("head_dim") or hidden_size // self.num_heads
+        num_heads = config["num_attention_heads"]
+        num_kv_heads = config.get("num_key_value_heads") or num_heads
+        self.head_dim = config.get("head_dim") or hidden_size // num_heads
+        # This rank's heads: query heads r*H/N.. use KV heads r*Hkv/N.., the same grouping.
+        self.num_heads = tp.divide(num_heads, "num_attention_heads")
+        self.num_kv_heads = tp.divide(num_kv_heads, "num_key_value_heads")
         attention_bias = bool(config.get("attention_bias", False))
         qkv_bias = attention_bias or config.get("model_type") == "qwen2"
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(hidden_size, q_size + 2 * kv_size, qkv_bias, dtype,
-                               shard_sizes=(q_size, kv_size, kv_size))
-        self.o_proj = Linear(q_size, hidden_size, attention_bias, dtype)
+        q_size, kv_size = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(hidden_size, (q_size, kv_size, kv_size), qkv_bias,
+                                             dtype, tp, what="attention heads")
+        self.o_proj = RowParallelLinear(q_size, hidden_size, attention_bias, dtype, tp)
 
     def forward(self, x, rotary: RotaryEmbedding, positions, kv_cache, meta) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H, D]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H / N, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv / N, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary(positions, q, k)
         return self.o_proj(paged_attention(q, k, v, kv_cache, meta))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
         super().__init__()
         hidden_size, inter = config["hidden_size"], config["intermediate_size"]
         bias = bool(config.get("mlp_bias", False))
         if config.get("hidden_act", "silu") != "silu":
             raise NotImplementedError(f"hidden_act {config['hidden_act']!r}")
-        self.gate_up_proj = Linear(hidden_size, 2 * inter, bias, dtype, shard_sizes=(inter, inter))
-        self.down_proj = Linear(inter, hidden_size, bias, dtype)
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, (inter, inter), bias, dtype, tp,
+                                                 what="intermediate_size")
+        self.down_proj = RowParallelLinear(inter, hidden_size, bias, dtype, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inter / N] each
         return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.self_attn = LlamaAttention(config, dtype)
+        self.self_attn = LlamaAttention(config, dtype, tp)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.mlp = LlamaMLP(config, dtype)
+        self.mlp = LlamaMLP(config, dtype, tp)
 
     def forward(self, h, rotary, positions, kv_cache, meta) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rotary, positions, kv_cache, meta)
@@ -78,12 +89,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    supports_tensor_parallel = True
+
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
         self.config = config
         hidden_size = config["hidden_size"]
         self.embed_tokens = Embedding(config["vocab_size"], hidden_size, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, tp)
                                     for _ in range(config["num_hidden_layers"]))
         self.norm = RMSNorm(hidden_size, config.get("rms_norm_eps", 1e-6), dtype)
         self.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))

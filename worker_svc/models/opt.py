@@ -2,6 +2,9 @@
 
 Covers pre-LN (do_layer_norm_before, all sizes but 350m) and post-LN, and 350m's
 project_in/project_out when word_embed_proj_dim differs from hidden_size.
+
+Tensor parallel (tp.size = N): each rank holds num_attention_heads / N heads and ffn_dim / N
+MLP features (both must divide by N); embeddings, positions and the LM head are replicated.
 """
 from typing import Iterable
 
@@ -13,6 +16,8 @@ from worker_svc.attention import attention_metadata, paged_attention
 from worker_svc.forward_batch import ForwardBatch
 from worker_svc.models.base import CacheSpec, ModelCaches
 from worker_svc.models.layers import Embedding, Linear, load_hf_weights
+from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from worker_svc.parallel import TensorParallel
 
 _POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (fairseq heritage)
 
@@ -25,34 +30,36 @@ def _layer_norm(dim: int, config: dict, dtype: torch.dtype) -> nn.LayerNorm:
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
         super().__init__()
         hidden_size = config["hidden_size"]
-        self.num_heads = config["num_attention_heads"]
-        self.head_dim = hidden_size // self.num_heads
+        num_heads = config["num_attention_heads"]
+        self.head_dim = hidden_size // num_heads
+        self.num_heads = tp.divide(num_heads, "num_attention_heads")  # this rank's heads
         bias = config.get("enable_bias", True)
-        self.qkv_proj = Linear(hidden_size, 3 * hidden_size, bias, dtype,
-                               shard_sizes=(hidden_size,) * 3)
-        self.out_proj = Linear(hidden_size, hidden_size, bias, dtype)
+        self.qkv_proj = ColumnParallelLinear(hidden_size, (hidden_size,) * 3, bias, dtype, tp,
+                                             what="attention heads")
+        self.out_proj = RowParallelLinear(hidden_size, hidden_size, bias, dtype, tp)
 
     def forward(self, x, kv_cache, meta) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        return self.out_proj(paged_attention(q, k, v, kv_cache, meta))  # q/k/v: [T, H, D]
+        return self.out_proj(paged_attention(q, k, v, kv_cache, meta))  # q/k/v: [T, H / N, D]
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
         super().__init__()
         hidden_size = config["hidden_size"]
         self.pre_norm = config.get("do_layer_norm_before", True)
         if config.get("activation_function", "relu") != "relu":
             raise NotImplementedError(f"activation {config['activation_function']!r}")
         bias = config.get("enable_bias", True)
-        self.self_attn = OPTAttention(config, dtype)
+        self.self_attn = OPTAttention(config, dtype, tp)
         self.self_attn_layer_norm = _layer_norm(hidden_size, config, dtype)
-        self.fc1 = Linear(hidden_size, config["ffn_dim"], bias, dtype)
-        self.fc2 = Linear(config["ffn_dim"], hidden_size, bias, dtype)
+        self.fc1 = ColumnParallelLinear(hidden_size, (config["ffn_dim"],), bias, dtype, tp,
+                                        what="ffn_dim")
+        self.fc2 = RowParallelLinear(config["ffn_dim"], hidden_size, bias, dtype, tp)
         self.final_layer_norm = _layer_norm(hidden_size, config, dtype)
 
     def forward(self, h, kv_cache, meta) -> torch.Tensor:
@@ -61,12 +68,14 @@ class OPTDecoderLayer(nn.Module):
         if not self.pre_norm:
             h = self.self_attn_layer_norm(h)
         x = self.final_layer_norm(h) if self.pre_norm else h
-        h = h + self.fc2(F.relu(self.fc1(x)))
+        h = h + self.fc2(F.relu(self.fc1(x)))  # fc1: [T, ffn_dim / N]
         return h if self.pre_norm else self.final_layer_norm(h)
 
 
 class OPTForCausalLM(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype):
+    supports_tensor_parallel = True
+
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
         self.config = config
         hidden_size = config["hidden_size"]
@@ -78,7 +87,7 @@ class OPTForCausalLM(nn.Module):
         if embed_dim != hidden_size:
             self.project_in = Linear(embed_dim, hidden_size, False, dtype)
             self.project_out = Linear(hidden_size, embed_dim, False, dtype)
-        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype)
+        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype, tp)
                                     for _ in range(config["num_hidden_layers"]))
         self.final_layer_norm = None
         if config.get("do_layer_norm_before", True) and not config.get("_remove_final_layer_norm"):
