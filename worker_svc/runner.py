@@ -50,6 +50,10 @@ class ModelRunner:
             self.num_gpu_blocks = self.tp.min_over_ranks(kv_cache.num_device_blocks(
                 self.spec, self.block_size, self.dtype, self.device, config.kv_cache_gb,
                 config.gpu_memory_utilization), self.device)
+        if self.spec.num_attention_layers == 0 and self.spec.has_state and config.num_gpu_blocks is None:
+            # No KV to hold: blocks become pure bookkeeping (no memory), enough for every slot
+            # to reach max_model_len, so the state-slot cap is what limits the batch.
+            self.num_gpu_blocks = config.num_state_slots * -(-self.max_model_len // self.block_size)
         self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
             config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
         self.caches = ModelCaches(kv=kv_cache.allocate_kv(
@@ -85,6 +89,10 @@ class ModelRunner:
         kv_cache.swap_blocks(self.caches.kv, self.caches.kv, plan.blocks_to_copy)
         rows, query_lens = [], []
         for new in plan.new_requests:
+            if self.spec.has_state and new.num_computed_tokens > 0:
+                # Swap moves KV blocks, not Mamba state: state models must be preempted by recompute.
+                raise ValueError(f"{new.request_id} resumes at token {new.num_computed_tokens}, "
+                                 "but a state model's requests can only restart from zero")
             self._free(new.request_id)  # a resumed request replaces whatever we held
             rows.append(self.requests.add(new))
             query_lens.append(new.num_new_tokens)
