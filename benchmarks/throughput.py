@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from client_sdk.client import AsyncClient
-from client_sdk.launcher import LocalCluster
+from client_sdk.cluster_args import add_cluster_flags, service_address
 from protocol.sampling import SamplingParams
 
 
@@ -68,22 +68,12 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
 
 
 async def run_throughput(args: argparse.Namespace) -> int:
-    from client_sdk.cli import cluster_args
-    cluster = None
-    address = args.address
-    if address is None:
-        scheduler, worker = cluster_args(args)
-        cluster = LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker).start()
-        address = cluster.address
-    try:
+    with service_address(args) as address:
         client = AsyncClient(address)
         try:
             result = await measure(client, args)
         finally:
             await client.close()
-    finally:
-        if cluster is not None:
-            cluster.stop()
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
     print(f"Throughput: {result['requests_per_second']:.2f} requests/s, {result['tokens_per_second']:.2f} total "
           f"tokens/s, {result['output_tokens_per_second']:.2f} output tokens/s", flush=True)
@@ -93,7 +83,6 @@ async def run_throughput(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    from client_sdk.cli import add_cluster_flags
     parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput")
     add_cluster_flags(parser)
     add_throughput_args(parser)

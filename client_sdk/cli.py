@@ -5,33 +5,10 @@ import signal
 import sys
 import threading
 
+from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
 from client_sdk.launcher import LocalCluster
 from client_sdk.sync_client import Client
 from protocol.sampling import SamplingParams
-
-
-def add_cluster_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny-llama", help="preset name or Hugging Face model folder")
-    p.add_argument("--workers", type=int, default=1, help="worker processes (data-parallel replicas)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
-    p.add_argument("--load-format", default=None, help="auto | dummy")
-    p.add_argument("--kv-cache-gb", type=float, default=None)
-    p.add_argument("--device", default=None, help="cpu | cuda:N")
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
-
-
-def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """Splits the cluster flags into the scheduler's and the workers' command lines."""
-    scheduler, worker = [], []
-    for name, target in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
-                         ("preemption", scheduler), ("dtype", worker), ("load_format", worker),
-                         ("kv_cache_gb", worker), ("device", worker)):
-        value = getattr(args, name, None)
-        if value is not None:
-            target += ["--" + name.replace("_", "-"), str(value)]
-    return scheduler, worker
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -58,26 +35,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
-    cluster = None
-    address = args.address
-    if address is None:
-        scheduler, worker = cluster_args(args)
-        cluster = LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker).start()
-        address = cluster.address
-    try:
-        with Client(address) as client:
-            client.wait_for_workers(1, timeout_s=600)
-            for prompt in args.prompts:
-                if args.stream:
-                    for delta in client.stream(prompt, params):
-                        print(delta.text if delta.text is not None else delta.token_ids, end="", flush=True)
-                    print()
-                else:
-                    out = client.generate(prompt, params)
-                    print(out.text if out.text is not None else out.token_ids)
-    finally:
-        if cluster is not None:
-            cluster.stop()
+    with service_address(args) as address, Client(address) as client:
+        client.wait_for_workers(1, timeout_s=600)
+        for prompt in args.prompts:
+            if args.stream:
+                for delta in client.stream(prompt, params):
+                    print(delta.text if delta.text is not None else delta.token_ids, end="", flush=True)
+                print()
+            else:
+                out = client.generate(prompt, params)
+                print(out.text if out.text is not None else out.token_ids)
     return 0
 
 

@@ -343,29 +343,20 @@ class SchedulerService:
             replica.num_steps += 1
             self.step_times.append(time.monotonic())
             if result.error is not None:
-                self._fail_plan(replica, plan, result.error)
-            else:
-                self._apply(core.update(plan, result))
+                logger.error("worker %s failed step %d: %s", replica.name, plan.step_id, result.error)
+            self._apply(core.update(plan, result), result.error)
             await self._flush_outputs()
 
-    def _apply(self, updates) -> None:
+    def _apply(self, updates, step_error: str | None = None) -> None:
         for update in updates:
             request = update.request
-            output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
+            if update.finish_reason == "error":
+                output = error_output(request.request_id, len(request.prompt_token_ids), ErrorCode.WORKER_ERROR,
+                                      step_error or "the worker returned no token for this request")
+            else:
+                output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
             if update.finish_reason is not None:
                 self.replica_of.pop(request.request_id, None)
                 self._forget(request)
             if output is not None:
                 self.outputs.add(request.client, output)
-
-    def _fail_plan(self, replica: Replica, plan, error: str) -> None:
-        logger.error("worker %s failed step %d: %s", replica.name, plan.step_id, error)
-        for data in list(plan.new_requests) + list(plan.running_requests):
-            request = self.requests.get(data.request_id)
-            if request is None or self.replica_of.get(data.request_id) is not replica:
-                continue
-            replica.core.abort(data.request_id, "error")
-            self.replica_of.pop(data.request_id, None)
-            self._forget(request)
-            self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids),
-                                                          ErrorCode.WORKER_ERROR, error))

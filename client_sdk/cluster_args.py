@@ -1,0 +1,41 @@
+"""Command-line flags that describe a local cluster, shared by `stepserve` subcommands."""
+import argparse
+import contextlib
+from collections.abc import Iterator
+
+from client_sdk.launcher import LocalCluster
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llama", help="preset name or Hugging Face model folder")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (data-parallel replicas)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
+    p.add_argument("--load-format", default=None, help="auto | dummy")
+    p.add_argument("--kv-cache-gb", type=float, default=None)
+    p.add_argument("--device", default=None, help="cpu | cuda:N")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
+
+
+def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """Splits the cluster flags into the scheduler's and the workers' command lines."""
+    scheduler, worker = [], []
+    for name, target in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
+                         ("preemption", scheduler), ("dtype", worker), ("load_format", worker),
+                         ("kv_cache_gb", worker), ("device", worker)):
+        value = getattr(args, name, None)
+        if value is not None:
+            target += ["--" + name.replace("_", "-"), str(value)]
+    return scheduler, worker
+
+
+@contextlib.contextmanager
+def service_address(args: argparse.Namespace) -> Iterator[str]:
+    """--address if given; otherwise a local cluster started from the flags, stopped on exit."""
+    if args.address is not None:
+        yield args.address
+        return
+    scheduler, worker = cluster_args(args)
+    with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker) as cluster:
+        yield cluster.address

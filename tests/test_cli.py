@@ -1,0 +1,56 @@
+"""The `stepserve` command as a user runs it: real processes, output parsed."""
+import json
+import signal
+import subprocess
+import sys
+
+from client_sdk import Client, SamplingParams
+from tests.test_compose import free_port
+
+STEPSERVE = [sys.executable, "-m", "client_sdk.cli"]
+SMALL = ["--model", "micro-llama", "--dtype", "float32", "--kv-cache-gb", "0.05"]
+
+
+def pids(pattern: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+
+
+def test_bench_throughput_prints_vllm_line_and_json():
+    out = subprocess.run([*STEPSERVE, "bench", "throughput", *SMALL, "--num-prompts", "300", "--input-len", "8",
+                          "--output-len", "4", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2].startswith("Throughput: ") and "requests/s" in lines[-2] and "output tokens/s" in lines[-2]
+    result = json.loads(lines[-1])
+    assert result["num_prompts"] == 300 and result["requests_per_second"] > 0
+    assert result["tokens_per_second"] > result["output_tokens_per_second"] > 0
+    assert result["config"]["model"] == "micro-llama"
+
+
+def test_generate_prints_a_completion():
+    out = subprocess.run([*STEPSERVE, "generate", *SMALL, "--max-tokens", "5", "--ignore-eos", "hello"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+def test_up_serves_until_ctrl_c_then_stops_everything():
+    frontend, workers = free_port(), free_port()
+    proc = subprocess.Popen([*STEPSERVE, "up", *SMALL, "--frontend", f"tcp://127.0.0.1:{frontend}",
+                             "--workers-address", f"tcp://127.0.0.1:{workers}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("stepserve up:"):
+                break
+        with Client(f"tcp://127.0.0.1:{frontend}", timeout_s=60) as client:
+            out = client.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+            assert len(out.token_ids) == 3
+        assert pids(f"scheduler_svc .*127.0.0.1:{workers}") and pids(f"worker_svc .*127.0.0.1:{workers}")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The scheduler and the worker ran in their own sessions; none may outlive `up`.
+    assert not pids(f"scheduler_svc .*127.0.0.1:{workers}") and not pids(f"worker_svc .*127.0.0.1:{workers}")
