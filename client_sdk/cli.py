@@ -21,7 +21,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster.start()
     try:
         with Client(cluster.address) as client:
-            client.wait_for_workers(args.workers, timeout_s=600)
+            cluster.wait_for_workers(client, args.workers, timeout_s=600)
         print(f"stepserve up: {args.model} on {args.workers} worker(s); clients connect to {cluster.address}", flush=True)
         while not stop.wait(0.5):
             if cluster.scheduler.poll() is not None:

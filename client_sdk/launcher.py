@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -29,9 +30,19 @@ class LocalCluster:
         self.address: str | None = None
 
     def _popen(self, module: str, args: list[str], stdout=None) -> subprocess.Popen:
-        stderr = subprocess.DEVNULL if self.quiet else None
-        return subprocess.Popen([sys.executable, "-m", module, *args], stdout=stdout, stderr=stderr,
+        # Quiet: stderr goes to a temporary file, read back only to explain an early exit.
+        stderr = tempfile.TemporaryFile() if self.quiet else None
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=stdout, stderr=stderr,
                                 env=os.environ.copy(), start_new_session=True)
+        proc.stderr_file = stderr
+        return proc
+
+    def check_alive(self) -> None:
+        """Raises with the tail of its log if any process of the cluster has exited."""
+        for proc in [self.scheduler, *self.worker_procs]:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(proc.args[2:4])} exited with code {proc.returncode}:\n"
+                                   f"{_tail(proc.stderr_file)}")
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
         self.scheduler = self._popen("scheduler_svc", ["--frontend", self.frontend, "--workers",
@@ -56,16 +67,18 @@ class LocalCluster:
         threading.Thread(target=read, daemon=True).start()
         deadline = time.monotonic() + timeout_s
         while not found:
-            if self.scheduler.poll() is not None:
-                raise RuntimeError(f"scheduler exited with code {self.scheduler.returncode} before it was ready")
+            self.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"scheduler not ready in {timeout_s} s")
             time.sleep(0.01)
         return found[0]
 
     def add_worker(self, extra_args: list[str] = ()) -> subprocess.Popen:
-        proc = self._popen("worker_svc", ["--scheduler", self.workers_address, "--model", self.model,
-                                          *self.worker_args, *extra_args])
+        args = [*self.worker_args, *extra_args]
+        if "--threads" not in args and "--device" not in args and self.num_workers > 1:
+            # CPU workers side by side: split the cores, or their thread pools fight over them.
+            args += ["--threads", str(max(1, (os.cpu_count() or 1) // self.num_workers))]
+        proc = self._popen("worker_svc", ["--scheduler", self.workers_address, "--model", self.model, *args])
         self.worker_procs.append(proc)
         return proc
 
@@ -81,9 +94,28 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if proc.stderr_file is not None:
+                proc.stderr_file.close()
+
+    def wait_for_workers(self, client, num_workers: int, timeout_s: float = 300.0) -> None:
+        """Until `num_workers` have joined, through a blocking Client; fails fast if one dies."""
+        deadline = time.monotonic() + timeout_s
+        while client.health().num_workers < num_workers:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{num_workers} workers did not join in {timeout_s} s")
+            time.sleep(0.05)
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _tail(stderr_file, num_bytes: int = 4000) -> str:
+    if stderr_file is None:
+        return "(its log went to this terminal)"
+    stderr_file.seek(0, os.SEEK_END)
+    stderr_file.seek(max(0, stderr_file.tell() - num_bytes))
+    return stderr_file.read().decode(errors="replace")

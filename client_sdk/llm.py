@@ -26,7 +26,7 @@ class LLM:
                                     quiet=quiet).start(startup_timeout_s)
         try:
             self.client = Client(self.cluster.address)
-            self.client.wait_for_workers(num_workers, startup_timeout_s)
+            self.cluster.wait_for_workers(self.client, num_workers, startup_timeout_s)
         except BaseException:
             self.cluster.stop()
             raise

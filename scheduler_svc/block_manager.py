@@ -105,21 +105,20 @@ class BlockManager:
 
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
         """Move the block table to CPU; returns (gpu, cpu) copy pairs for the worker."""
-        cpu_block_ids = self.cpu.allocate(len(request.block_ids))
-        pairs = list(zip(request.block_ids, cpu_block_ids))
-        self.gpu.free(request.block_ids)
-        request.block_ids = cpu_block_ids
-        request.num_blocks_sent = 0
-        return pairs
+        return self._move(request, self.gpu, self.cpu)
 
     def can_swap_in(self, request: Request, num_tokens: int) -> bool:
         return max(len(request.block_ids), self.num_blocks_for(num_tokens)) <= self.gpu.num_free
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
         """Move the block table back to the device; returns (cpu, gpu) copy pairs."""
-        gpu_block_ids = self.gpu.allocate(len(request.block_ids))
-        pairs = list(zip(request.block_ids, gpu_block_ids))
-        self.cpu.free(request.block_ids)
-        request.block_ids = gpu_block_ids
-        request.num_blocks_sent = 0
+        return self._move(request, self.cpu, self.gpu)
+
+    @staticmethod
+    def _move(request: Request, src: "BlockPool", dst: "BlockPool") -> list[tuple[int, int]]:
+        dst_block_ids = dst.allocate(len(request.block_ids))
+        pairs = list(zip(request.block_ids, dst_block_ids))
+        src.free(request.block_ids)
+        request.block_ids = dst_block_ids
+        request.num_blocks_sent = 0  # the worker learns the whole new table again
         return pairs

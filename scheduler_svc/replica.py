@@ -1,6 +1,7 @@
 """Replica: one worker (or one tensor-parallel group of workers) and the scheduler core that
 plans its steps. Each replica has its own block pool and running batch (data parallel)."""
 import asyncio
+import dataclasses
 import time
 
 from protocol.worker_messages import Heartbeat, StepPlan, StepResult, WorkerHello
@@ -25,6 +26,9 @@ class Replica:
             max_model_len=hello.max_model_len,
             eos_token_ids=tuple(hello.eos_token_ids),
         )
+        if hello.block_size != config.block_size:
+            # Block ids only mean something in the worker's own block size: adopt it.
+            config = dataclasses.replace(config, block_size=hello.block_size)
         self.core = Scheduler(config, capacity)
         self.alive = True
         self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything

@@ -100,12 +100,14 @@ class SchedulerService:
 
     async def _shutdown_workers(self) -> None:
         for replica in self.replicas.values():
-            for identity in replica.identities.values():
-                try:
-                    await self.workers.send_multipart([identity, encode(Shutdown("scheduler stopping"))],
-                                                      flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
+            await self._send_shutdown(replica, "scheduler stopping")
+
+    async def _send_shutdown(self, replica: Replica, reason: str) -> None:
+        for identity in replica.identities.values():
+            try:
+                await self.workers.send_multipart([identity, encode(Shutdown(reason))], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # already gone
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -132,7 +134,11 @@ class SchedulerService:
                     await self._reply(client, ErrorReply(ErrorCode.BAD_FRAME, str(e)))
                 await self._flush_outputs()
                 continue
-            await self._on_client_message(client, message)
+            try:
+                await self._on_client_message(client, message)
+            except Exception:  # a bug must cost this message, not the frontend
+                logger.exception("failed to handle %s from a client", type(message).__name__)
+                await self._reply(client, ErrorReply(ErrorCode.INTERNAL, f"failed to handle {type(message).__name__}"))
 
     async def _workers_loop(self) -> None:
         while True:
@@ -291,6 +297,9 @@ class SchedulerService:
         for identity in replica.identities.values():
             self.replica_by_identity.pop(identity, None)
         replica.fail()
+        # If it still lives (silent, not dead), it must not keep state we no longer track: a
+        # supervisor (compose's restart policy, a user) restarts it and it joins afresh.
+        self._spawn(self._send_shutdown(replica, "dropped by the scheduler"))
         # Recompute elsewhere: back to the front of pending, in the order they ran.
         requeued = replica.core.take_unfinished()
         for request in reversed(requeued):
@@ -320,6 +329,13 @@ class SchedulerService:
             self.replica_of[request.request_id] = replica
 
     async def _drive(self, replica: Replica) -> None:
+        try:
+            await self._step_loop(replica)
+        except Exception:  # a bug in one replica's loop: recompute its requests elsewhere
+            logger.exception("replica %s step loop failed", replica.name)
+            self._drop_replica(replica)
+
+    async def _step_loop(self, replica: Replica) -> None:
         """The step loop of one replica: plan, send, await the answer, apply it, emit outputs."""
         core = replica.core
         while replica.alive:

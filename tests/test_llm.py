@@ -1,0 +1,22 @@
+"""LLM: the offline entry point, starting its own scheduler and worker processes."""
+import pytest
+
+from client_sdk import LLM, SamplingParams
+
+
+def test_llm_generates_for_text_and_token_prompts_in_order():
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05) as llm:
+        outputs = llm.generate(["hello", [5, 6, 7], "the quick brown fox"], params)
+        assert [len(o.token_ids) for o in outputs] == [6, 6, 6]
+        assert [o.finish_reason for o in outputs] == ["length"] * 3
+        assert outputs[1].num_prompt_tokens == 3
+        assert all(isinstance(o.text, str) for o in outputs)
+        again = llm.generate("hello", params)  # a single prompt; greedy is deterministic
+        assert again[0].token_ids == outputs[0].token_ids
+
+
+def test_llm_with_an_unknown_model_fails_fast_with_the_workers_reason():
+    with pytest.raises(RuntimeError) as err:
+        LLM(model="no-such-model-anywhere", startup_timeout_s=120)
+    assert "no-such-model-anywhere" in str(err.value)
