@@ -94,6 +94,12 @@ class AsyncClient:
         except asyncio.TimeoutError:
             raise ServiceError("timeout", f"no reply from {self.address} in {self.timeout_s} s") from None
 
+    def _claim(self, request_ids: list[str]) -> None:
+        """One live request per id on this client: a second would steal the first's outputs."""
+        taken = [rid for rid in request_ids if rid in self._sinks]
+        if taken or len(set(request_ids)) != len(request_ids):
+            raise ValueError(f"request ids already in use on this client: {taken or 'duplicates in the batch'}")
+
     def _next_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids)}"
 
@@ -155,6 +161,7 @@ class AsyncClient:
         await self._text_codec()
         request_id = request_id or self._next_id()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._claim([request_id])
         self._sinks[request_id] = queue.put_nowait
         decoder = IncrementalDecoder(self._codec) if self._codec is not None else None
         finished = False
@@ -195,6 +202,7 @@ class AsyncClient:
             await self._text_codec()
         ids = list(request_ids) if request_ids else [self._next_id() for _ in prompts]
         collector = BatchCollector(ids, progress=progress)
+        self._claim(ids)
         for request_id in ids:
             self._sinks[request_id] = collector.on_output
         try:

@@ -47,10 +47,6 @@ class Replica:
         """Every rank of the group has said hello."""
         return len(self.identities) == self.tensor_parallel_size
 
-    @property
-    def load(self) -> int:
-        return self.core.num_waiting + self.core.num_running + self.core.num_swapped
-
     def add_rank(self, rank: int, identity: bytes, worker_id: str) -> None:
         self.identities[rank] = identity
         self.worker_ids[rank] = worker_id

@@ -150,6 +150,8 @@ async def test_duplicate_live_id_is_refused(cluster, client):
         with pytest.raises(RequestError) as err:
             await other.generate([5, 6], GREEDY, request_id="same-id")
     assert err.value.code == ErrorCode.DUPLICATE_ID
+    with pytest.raises(ValueError):  # the same client: refused before it reaches the server
+        await client.generate([5, 6], GREEDY, request_id="same-id")
     await client.abort("same-id")
     assert (await first).finish_reason == "abort"
     again = await client.generate([5, 6], GREEDY, request_id="same-id")  # resubmitted after abort
