@@ -29,6 +29,9 @@ class OutputBatcher:
     def add(self, client: bytes, output: RequestOutput) -> None:
         self._by_client[client].append(output)
 
+    def drop(self, client: bytes) -> None:
+        self._by_client.pop(client, None)
+
     def take(self) -> dict[bytes, list[RequestOutput]]:
         batches, self._by_client = self._by_client, defaultdict(list)
         return batches

@@ -241,7 +241,7 @@ class SchedulerService:
         for request_id in list(self.requests_of_client.get(client, ())):
             self._abort(request_id, None)
         self.requests_of_client.pop(client, None)
-        self.outputs.take().pop(client, None)
+        self.outputs.drop(client)  # nobody to read them; other clients' outputs stay
 
     def _forget(self, request: Request) -> None:
         del self.requests[request.request_id]
