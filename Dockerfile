@@ -1,9 +1,9 @@
 # stepserve: one image for the scheduler and the workers.
-#   docker build -t stepserve .                                   (CPU torch wheel by default)
-#   docker build --build-arg TORCH_SPEC="torch==2.13.0" --build-arg TORCH_PIP_ARGS="" -t stepserve:gpu .
+#   docker build -t stepserve .
+# PyPI's torch wheel (a CUDA build on x86_64) runs on GPUs and CPUs alike. For a smaller
+# CPU-only image, point pip at a CPU wheel index: --build-arg TORCH_PIP_ARGS="--index-url URL".
 FROM python:3.11-slim
 
-# The CPU build of torch keeps the image small; pass your own index for another build.
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_PIP_ARGS=""
 
