@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import defaultdict, deque
+from collections import deque
 
 import zmq
 import zmq.asyncio
@@ -26,6 +26,7 @@ from scheduler_svc.outputs import OutputBatcher, error_output, output_for
 from scheduler_svc.replica import Replica, WorkerLost
 from scheduler_svc.stats import health, model_info
 from scheduler_svc.request import FINISHED_STATUS, Request
+from scheduler_svc.request_book import RequestBook
 from scheduler_svc.waiting_queue import make_waiting_queue
 
 logger = logging.getLogger("stepserve.scheduler")
@@ -48,15 +49,12 @@ class SchedulerService:
         self.max_message_bytes = max_message_bytes
         self.check_integrity_when_idle = check_integrity_when_idle
         self.pending = make_waiting_queue(config.policy)
-        self.requests: dict[str, Request] = {}  # every live request, by id
-        self.replica_of: dict[str, Replica] = {}  # live requests placed on a replica
-        self.requests_of_client: dict[bytes, set[str]] = defaultdict(set)
+        self.book = RequestBook()  # every live request, by id, client and replica
         self.replicas: dict[str, Replica] = {}  # by group name
         self.replica_by_worker_id: dict[str, Replica] = {}
         self.replica_by_identity: dict[bytes, Replica] = {}
         self.outputs = OutputBatcher()
         self.step_times: deque[float] = deque(maxlen=512)
-        self.num_finished = 0
         self.last_hello: WorkerHello | None = None
         self._client_decoder = client_to_scheduler_decoder()
         self._worker_decoder = worker_to_scheduler_decoder()
@@ -198,14 +196,13 @@ class SchedulerService:
 
     def _on_generate(self, client: bytes, message: Generate) -> None:
         for g in message.requests:
-            if g.request_id in self.requests:
+            if g.request_id in self.book:
                 self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), ErrorCode.DUPLICATE_ID,
                                                       f"request id {g.request_id!r} is already running"))
                 continue
             request = Request(g.request_id, g.prompt_token_ids, g.params, g.priority, client=client, stream=g.stream)
             request.arrival = next(self._arrivals)
-            self.requests[g.request_id] = request
-            self.requests_of_client[client].add(g.request_id)
+            self.book.add(request)
             self.pending.push(request)
         tune_gc_for_large_queues()  # keep the new requests out of the cyclic GC's scans
         self._wake_replicas()
@@ -222,40 +219,29 @@ class SchedulerService:
         return bool(valid or invalid)
 
     def _abort(self, request_id: str, client: bytes | None, reason: str = "abort") -> None:
-        request = self.requests.get(request_id)
+        request = self.book.get(request_id)
         if request is None or (client is not None and request.client != client):
             return  # idempotent: unknown, finished, or another client's id
-        replica = self.replica_of.pop(request_id, None)
+        replica = self.book.unplace(request_id)
         if replica is not None:
             replica.core.abort(request_id, reason)
             replica.wakeup.set()  # its id must reach the worker in a (possibly free-only) plan
         else:
             finish(request, reason)  # lazily skipped when `pending` reaches it
             self.pending.mark_removed()
-        self._forget(request)
+        self.book.forget(request)
         output = output_for(request, [], None, reason)
         if output is not None:
             self.outputs.add(request.client, output)
 
     def _on_client_gone(self, client: bytes) -> None:
-        for request_id in list(self.requests_of_client.get(client, ())):
+        for request_id in self.book.ids_of(client):
             self._abort(request_id, None)
-        self.requests_of_client.pop(client, None)
         self.outputs.drop(client)  # nobody to read them; other clients' outputs stay
-
-    def _forget(self, request: Request) -> None:
-        del self.requests[request.request_id]
-        ids = self.requests_of_client.get(request.client)
-        if ids is not None:
-            ids.discard(request.request_id)
-            if not ids:
-                del self.requests_of_client[request.client]
-        self.num_finished += 1
 
     def _fail(self, request: Request, code: str, message: str) -> None:
         finish(request, "error")
-        self.replica_of.pop(request.request_id, None)
-        self._forget(request)
+        self.book.forget(request)
         self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids), code, message))
 
     async def _flush_outputs(self) -> None:
@@ -266,7 +252,7 @@ class SchedulerService:
         return model_info(self.last_hello, len(self.replicas))
 
     def _health(self) -> Health:
-        return health(list(self.replicas.values()), len(self.pending), self.step_times, self.num_finished)
+        return health(list(self.replicas.values()), len(self.pending), self.step_times, self.book.num_finished)
 
     # ---- workers -------------------------------------------------------------------
 
@@ -303,7 +289,7 @@ class SchedulerService:
         # Recompute elsewhere: back to the front of pending, in the order they ran.
         requeued = replica.core.take_unfinished()
         for request in reversed(requeued):
-            self.replica_of.pop(request.request_id, None)
+            self.book.unplace(request.request_id)
             self.pending.push_front(request)
         logger.warning("replica %s dropped; %d requests requeued", replica.name, len(requeued))
         self._wake_replicas()
@@ -326,7 +312,7 @@ class SchedulerService:
             except RequestRejected as e:
                 self._fail(request, e.code, e.message)
                 continue
-            self.replica_of[request.request_id] = replica
+            self.book.place(request, replica)
 
     async def _drive(self, replica: Replica) -> None:
         try:
@@ -372,7 +358,6 @@ class SchedulerService:
             else:
                 output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
             if update.finish_reason is not None:
-                self.replica_of.pop(request.request_id, None)
-                self._forget(request)
+                self.book.forget(request)
             if output is not None:
                 self.outputs.add(request.client, output)

@@ -1,0 +1,51 @@
+"""RequestBook: the service's index of live requests, by id, by client and by replica.
+
+The cores own scheduling; this book answers the service's own questions in O(1): is this id
+live, whose is it, which replica holds it, and which requests die with a vanished client.
+"""
+from collections import defaultdict
+
+from scheduler_svc.request import Request
+
+
+class RequestBook:
+    def __init__(self):
+        self._requests: dict[str, Request] = {}
+        self._replica_of: dict[str, object] = {}  # id -> Replica, once a core holds it
+        self._ids_of_client: dict[bytes, set[str]] = defaultdict(set)
+        self.num_finished = 0
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def get(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def add(self, request: Request) -> None:
+        assert request.request_id not in self._requests, "one live request per id"
+        self._requests[request.request_id] = request
+        self._ids_of_client[request.client].add(request.request_id)
+
+    def place(self, request: Request, replica) -> None:
+        self._replica_of[request.request_id] = replica
+
+    def replica_of(self, request_id: str):
+        return self._replica_of.get(request_id)
+
+    def unplace(self, request_id: str):
+        """Forgets which replica holds it (requeued, or ended); returns that replica."""
+        return self._replica_of.pop(request_id, None)
+
+    def ids_of(self, client: bytes) -> list[str]:
+        return list(self._ids_of_client.get(client, ()))
+
+    def forget(self, request: Request) -> None:
+        """The request ended: no longer live, on no replica, counted as finished."""
+        del self._requests[request.request_id]
+        self._replica_of.pop(request.request_id, None)
+        ids = self._ids_of_client.get(request.client)
+        if ids is not None:
+            ids.discard(request.request_id)
+            if not ids:
+                del self._ids_of_client[request.client]
+        self.num_finished += 1
