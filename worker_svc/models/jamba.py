@@ -19,7 +19,8 @@ from worker_svc.attention import attention_metadata, paged_attention
 from worker_svc.forward_batch import ForwardBatch
 from worker_svc.models.base import CacheSpec, ModelCaches
 from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
-from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer, RMSNorm
+from worker_svc.models.layers import RMSNorm
+from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.models.state_layout import StateLayout
 
 

@@ -57,7 +57,7 @@ class Embedding(nn.Module):
 class RMSNorm(nn.Module):
     """Computed in float32 like Hugging Face's LlamaRMSNorm, so outputs match it closely."""
 
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
         self.eps = eps

@@ -11,7 +11,8 @@ from torch import nn
 
 from worker_svc.forward_batch import ForwardBatch
 from worker_svc.models.base import CacheSpec, ModelCaches
-from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer, RMSNorm
+from worker_svc.models.layers import RMSNorm
+from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.models.state_layout import StateLayout
 
 

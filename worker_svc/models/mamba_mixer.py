@@ -16,24 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker_svc.models.layers import RMSNorm
 from worker_svc.models.state_layout import StateLayout
 
 # The scan runs in float32 whatever the model dtype; keeping the carried state in float32 too
 # means a prompt split into chunks rounds exactly like the same prompt in one piece.
 STATE_DTYPE = torch.float32
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same order of operations as transformers: normalise in float32, scale in x's dtype.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
 
 
 class MambaMixer(nn.Module):
