@@ -37,7 +37,8 @@ def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int,
 
 
 async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
-    await client.wait_for_workers(getattr(args, "workers", 1) if args.address is None else 1, timeout_s=600)
+    num_workers = args.workers * args.tensor_parallel_size if args.address is None else 1
+    await client.wait_for_workers(num_workers, timeout_s=600)
     info = await client.model_info()
     avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
     prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid)
@@ -46,10 +47,10 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     outputs = await client.generate_batch(prompts, params, window=args.window)
     elapsed = time.perf_counter() - start
-    bad = [o for o in outputs if len(o.token_ids) != args.output_len or not o.ok]
+    bad = [o for o in outputs if len(o.outputs[0].token_ids) != args.output_len or not o.ok]
     if bad:
         raise RuntimeError(f"{len(bad)} outputs with the wrong length or an error, e.g. {bad[0]}")
-    num_output_tokens = sum(len(o.token_ids) for o in outputs)
+    num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     num_prompt_tokens = args.num_prompts * args.input_len
     health = await client.health()
     return {

@@ -1,53 +1,59 @@
-"""BatchCollector: gathers the outputs of many requests in input order, with an in-flight window."""
+"""BatchCollector: gathers the outputs of many requests (each a Choice), with an in-flight window."""
 import asyncio
+from typing import Callable
 
 from tqdm import tqdm
 
-from protocol.client_messages import RequestOutput
+from client_sdk.choice import Choice
+from protocol.client_messages import RequestOutput as WireOutput
 
 
 class BatchCollector:
-    def __init__(self, request_ids: list[str], progress: bool = False):
-        self._index = {request_id: i for i, request_id in enumerate(request_ids)}
-        n = len(request_ids)
-        self.token_ids: list[list[int]] = [[] for _ in range(n)]
-        self.logprobs: list = [None] * n
-        self.last: list[RequestOutput | None] = [None] * n
+    def __init__(self, progress: bool = False, on_stop_string: Callable[[list[str]], None] = lambda ids: None):
+        """on_stop_string: called with a request id whose choice a stop string ended, so that the
+        caller aborts it on the scheduler."""
+        self.choices: dict[str, Choice] = {}
         self.num_sent = 0
         self.num_done = 0
+        self._on_stop_string = on_stop_string
         self._changed = asyncio.Event()
-        self._bar = tqdm(total=n, unit="req", dynamic_ncols=True) if progress else None
+        self._progress = progress
+        self._bar = None
+
+    def add(self, request_id: str, choice: Choice) -> None:
+        self.choices[request_id] = choice
 
     @property
     def num_in_flight(self) -> int:
         return self.num_sent - self.num_done
 
-    def on_output(self, output: RequestOutput) -> None:
-        i = self._index[output.request_id]
-        if self.last[i] is not None and self.last[i].finish_reason is not None:
-            return  # a late duplicate after the request ended
-        self.token_ids[i].extend(output.new_token_ids)
-        if output.logprobs:
-            self.logprobs[i] = (self.logprobs[i] or []) + list(output.logprobs)
-        self.last[i] = output
-        if output.finish_reason is not None:
+    def on_output(self, output: WireOutput) -> None:
+        choice = self.choices[output.request_id]
+        if choice.finished:
+            return  # a late output after the choice ended (a stop string, a duplicate)
+        choice.add(output)
+        if choice.finished:
             self.num_done += 1
             if self._bar is not None:
                 self._bar.update(1)
+            if choice.stopped_by_string:
+                self._on_stop_string([output.request_id])
             self._changed.set()
 
     async def wait_for_room(self, window: int) -> None:
+        if self._progress and self._bar is None:
+            self._bar = tqdm(total=len(self.choices), unit="req", dynamic_ncols=True)
         while self.num_in_flight >= window:
             self._changed.clear()
             await self._changed.wait()
 
     async def wait_all(self) -> None:
-        while self.num_done < len(self.last):
+        while self.num_done < len(self.choices):
             self._changed.clear()
             await self._changed.wait()
 
     def unfinished_ids(self) -> list[str]:
-        return [rid for rid, i in self._index.items() if self.last[i] is None or self.last[i].finish_reason is None]
+        return [rid for rid, choice in self.choices.items() if not choice.finished]
 
     def close(self) -> None:
         if self._bar is not None:

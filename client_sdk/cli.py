@@ -1,7 +1,8 @@
-"""The `stepserve` command: `up`, `generate`, `bench throughput`."""
+"""The `stepserve` command: `up`, `serve`, `generate`, `health`, `bench throughput`, `bench serve`."""
 import argparse
 import asyncio
 import signal
+import socket
 import sys
 import threading
 
@@ -11,24 +12,66 @@ from client_sdk.sync_client import Client
 from protocol.sampling import SamplingParams
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    scheduler, worker = cluster_args(args)
-    cluster = LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
-                           frontend=args.frontend, workers=args.workers_address, quiet=False)
+def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
+    """Starts the cluster (and, if given, the gateway), prints the ready line, serves until
+    Ctrl-C or SIGTERM, then stops every process it started."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     cluster.start()
     try:
+        url = start_gateway() if start_gateway else None
         with Client(cluster.address) as client:
-            cluster.wait_for_workers(client, args.workers, timeout_s=600)
-        print(f"stepserve up: {args.model} on {args.workers} worker(s); clients connect to {cluster.address}", flush=True)
+            cluster.wait_for_workers(client, cluster.num_worker_processes, timeout_s=600)
+        where = f"OpenAI API at {url}/v1 (SDK: {cluster.address})" if url else f"clients connect to {cluster.address}"
+        print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.num_workers} replica(s) of "
+              f"{cluster.tensor_parallel_size} worker(s); {where}", flush=True)
         while not stop.wait(0.5):
-            if cluster.scheduler.poll() is not None:
-                print("scheduler exited", file=sys.stderr)
-                return 1
+            for name, proc in (("scheduler", cluster.scheduler), ("gateway", cluster.gateway)):
+                if proc is not None and proc.poll() is not None:
+                    print(f"{name} exited", file=sys.stderr)
+                    return 1
     finally:
         cluster.stop()
+    return 0
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    scheduler, worker = cluster_args(args)
+    return LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
+                        frontend=args.frontend, workers=args.workers_address, quiet=False,
+                        tensor_parallel_size=args.tensor_parallel_size)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    return _run_until_stopped(_cluster(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    gateway_args = []
+    for flag, value in (("--api-key", args.api_key), ("--served-model-name", args.served_model_name),
+                        ("--max-num-requests", args.max_num_requests)):
+        if value:
+            gateway_args += [flag, str(value)]
+    return _run_until_stopped(cluster, lambda: cluster.start_gateway(gateway_args, host=args.host, port=args.port))
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit status 0 when the scheduler answers (and, with --worker-on-this-host, when a worker
+    of this host has joined it): for container healthchecks."""
+    try:
+        with Client(args.address, timeout_s=args.timeout) as client:
+            health = client.health()
+    except Exception as e:
+        print(f"unhealthy: {e}", file=sys.stderr)
+        return 1
+    if args.worker_on_this_host:
+        host = socket.gethostname()
+        if not any(r.name.startswith(host + "/") for r in health.replicas):
+            print(f"unhealthy: no worker of {host} has joined {args.address}", file=sys.stderr)
+            return 1
+    print(f"ok: {health.num_workers} worker(s), {health.num_running} running, {health.num_waiting} waiting")
     return 0
 
 
@@ -43,7 +86,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     print(delta.text if delta.text is not None else delta.token_ids, end="", flush=True)
                 print()
             else:
-                out = client.generate(prompt, params)
+                out = client.generate(prompt, params).outputs[0]
                 print(out.text if out.text is not None else out.token_ids)
     return 0
 
@@ -57,6 +100,24 @@ def main(argv=None) -> int:
     up.add_argument("--frontend", default="tcp://127.0.0.1:5555")
     up.add_argument("--workers-address", default="tcp://127.0.0.1:5556")
     up.set_defaults(func=cmd_up)
+
+    serve = sub.add_parser("serve", help="scheduler, workers and an OpenAI-compatible gateway here; Ctrl-C stops all")
+    add_cluster_flags(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="the gateway's address")
+    serve.add_argument("--port", type=int, default=8000, help="the gateway's port (0: any free one)")
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--max-num-requests", type=int, default=0)
+    serve.add_argument("--frontend", default="tcp://127.0.0.1:*", help="the scheduler's SDK address")
+    serve.add_argument("--workers-address", default="tcp://127.0.0.1:*")
+    serve.set_defaults(func=cmd_serve)
+
+    health = sub.add_parser("health", help="exit 0 when a scheduler answers (container healthchecks)")
+    health.add_argument("--address", default="tcp://127.0.0.1:5555")
+    health.add_argument("--timeout", type=float, default=5.0)
+    health.add_argument("--worker-on-this-host", action="store_true",
+                        help="and a worker started on this host (its default worker id) has joined")
+    health.set_defaults(func=cmd_health)
 
     gen = sub.add_parser("generate", help="complete prompts, on a running service or a local one")
     add_cluster_flags(gen)
@@ -78,6 +139,11 @@ def main(argv=None) -> int:
     add_cluster_flags(throughput)
     add_throughput_args(throughput)
     throughput.set_defaults(func=lambda a: asyncio.run(run_throughput(a)))
+    from benchmarks.serving import add_serving_args, run_serving
+    serving = bench_sub.add_parser("serve", help="online serving latency, like `vllm bench serve`")
+    add_cluster_flags(serving)
+    add_serving_args(serving)
+    serving.set_defaults(func=lambda a: asyncio.run(run_serving(a)))
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -5,6 +5,7 @@ waits for it (a stream's queue, a single generate's future, a batch's collector)
 number of requests share one socket.
 """
 import asyncio
+import functools
 import itertools
 import uuid
 from collections import deque
@@ -15,11 +16,14 @@ import zmq
 import zmq.asyncio
 
 from client_sdk.batch import BatchCollector
-from client_sdk.errors import RequestError, ServiceError
-from client_sdk.outputs import CompletionOutput, StreamDelta
-from client_sdk.tokenizer import IncrementalDecoder, TextCodec
+from client_sdk.chat_template import render_chat
+from client_sdk.choice import Choice, choice_params
+from client_sdk.errors import ChatTemplateError, RequestError, ServiceError
+from client_sdk.outputs import RequestOutput, StreamDelta
+from client_sdk.tokenizer import TextCodec
 from protocol.client_messages import (Abort, ErrorReply, Generate, GenerateRequest, Health, HealthQuery,
-                                      ModelInfo, ModelInfoQuery, RequestOutput, RequestOutputs)
+                                      ModelInfo, ModelInfoQuery, RequestOutputs)
+from protocol.client_messages import RequestOutput as WireOutput
 from protocol.codec import encode, scheduler_to_client_decoder
 from protocol.sampling import SamplingParams
 
@@ -36,6 +40,10 @@ def validated(params: SamplingParams | None) -> SamplingParams:
         raise ValueError(f"invalid sampling params: {e}") from None
 
 
+def _put_indexed(put: Callable, index: int, output: WireOutput) -> None:
+    put((index, output))
+
+
 class AsyncClient:
     def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None):
         self.address = address
@@ -47,12 +55,15 @@ class AsyncClient:
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.connect(address)
         self._decoder = scheduler_to_client_decoder()
-        self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._sinks: dict[str, Callable[[WireOutput], None]] = {}
         self._queries: dict[type, deque[asyncio.Future]] = {ModelInfo: deque(), Health: deque()}
         self._ids = itertools.count()
         self._id_prefix = uuid.uuid4().hex[:12]
         self._reader: asyncio.Task | None = None
         self._codec: TextCodec | None = None
+        self._model_info: ModelInfo | None = None  # once a worker has joined
+        self._choice_ids_of: dict[str, list[str]] = {}  # a live request with n > 1 -> its choices' ids
+        self._background: set[asyncio.Task] = set()
         self.last_error: ErrorReply | None = None
 
     # ---- plumbing ------------------------------------------------------------------
@@ -107,26 +118,59 @@ class AsyncClient:
         for start in range(0, len(requests), MAX_REQUESTS_PER_MESSAGE):
             await self._sock.send(encode(Generate(requests[start:start + MAX_REQUESTS_PER_MESSAGE])))
 
+    async def served_model(self) -> ModelInfo:
+        """The model info, asked once a worker has joined (before that, on every call)."""
+        if self._model_info is None:
+            info = await self.model_info()
+            if info.model is None:
+                return info
+            self._model_info = info
+        return self._model_info
+
     async def _text_codec(self) -> TextCodec | None:
         if self._codec is None:
-            info = await self.model_info()
+            info = await self.served_model()
             if info.tokenizer_json:
                 self._codec = TextCodec(info.tokenizer_json)
         return self._codec
 
+    async def text_codec(self, required: bool = True) -> TextCodec | None:
+        """The model's tokenizer; when it has none (or no worker has joined yet), ServiceError
+        or, with required=False, None."""
+        codec = await self._text_codec()
+        if codec is None and required:
+            raise ServiceError("no_tokenizer", "the model has no tokenizer (or no worker has joined yet): "
+                                               "pass prompt token ids")
+        return codec
+
     async def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            codec = await self._text_codec()
-            if codec is None:
-                raise ServiceError("no_tokenizer", "the model has no tokenizer (or no worker has joined yet): "
-                                                   "pass prompt token ids")
-            return codec.encode(prompt)
+            return (await self.text_codec()).encode(prompt)
         return list(prompt)
 
-    def _completion(self, request_id: str, token_ids: list[int], last: RequestOutput, logprobs) -> CompletionOutput:
-        text = self._codec.decode(token_ids) if self._codec is not None else None
-        return CompletionOutput(request_id, token_ids, last.num_prompt_tokens, last.finish_reason, text, logprobs,
-                                last.error_code, last.error_message)
+    def _abort_soon(self, request_ids: list[str]) -> None:
+        """An abort that must not wait, nor be lost to a cancellation: from a finally block of a
+        cancelled stream (a client that went away), or from the reader (a stop string matched)."""
+        task = asyncio.get_running_loop().create_task(self.abort(request_ids))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _choice_ids(self, request_id: str, params: SamplingParams) -> list[str]:
+        """The scheduler's request ids of the n choices: the id itself when n is 1."""
+        if params.n == 1:
+            return [request_id]
+        ids = [f"{request_id}-{index}" for index in range(params.n)]
+        self._choice_ids_of[request_id] = ids
+        return ids
+
+    def _params_per_prompt(self, params, num_prompts: int) -> list[SamplingParams]:
+        if params is None or isinstance(params, SamplingParams):
+            return [validated(params)] * num_prompts
+        params = list(params)
+        if len(params) != num_prompts:
+            raise ValueError(f"{len(params)} sampling params for {num_prompts} prompts: give one, or one per prompt")
+        checked: dict[int, SamplingParams] = {}  # the same object for many prompts: check it once
+        return [checked.setdefault(id(p), validated(p)) for p in params]
 
     # ---- public API ----------------------------------------------------------------
 
@@ -150,87 +194,148 @@ class AsyncClient:
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        ids = [choice_id for rid in ids for choice_id in self._choice_ids_of.get(rid, (rid,))]
         await self._sock.send(encode(Abort(ids)))
+
+    async def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                                  chat_template: str | None = None, tokenize: bool = True, **kwargs):
+        """The conversation rendered with the model's chat template (or `chat_template`), as
+        transformers' apply_chat_template does: token ids, or the text with tokenize=False.
+        ChatTemplateError when the model has no template."""
+        info = await self.served_model()
+        template = chat_template or info.chat_template
+        if template is None:
+            raise ChatTemplateError(f"the model {info.model!r} has no chat template (no chat_template in its "
+                                    "tokenizer_config.json, no chat_template.jinja): pass one, or prompt it directly")
+        text = render_chat(template, messages, info.special_tokens, add_generation_prompt=add_generation_prompt,
+                           **kwargs)
+        return (await self.text_codec()).encode(text, add_special_tokens=False) if tokenize else text
 
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
                      priority: int = 0) -> AsyncIterator[StreamDelta]:
-        """Yields a delta of new tokens (and text) per step until the request finishes."""
+        """Yields a delta of new tokens (and text) per step until the request finishes; with
+        n > 1 the deltas of the n choices interleave, told apart by `index`."""
         self._ensure_reader()
         params = validated(params)
         prompt_ids = await self._prompt_ids(prompt)
-        await self._text_codec()
+        codec = await (self.text_codec() if params.stop else self._text_codec())
         request_id = request_id or self._next_id()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._claim([request_id])
-        self._sinks[request_id] = queue.put_nowait
-        decoder = IncrementalDecoder(self._codec) if self._codec is not None else None
-        finished = False
+        choice_ids = self._choice_ids(request_id, params)
         try:
-            await self._send_requests([GenerateRequest(request_id, prompt_ids, params, priority, stream=True)])
-            while not finished:
-                output = await queue.get()
-                finished = output.finish_reason is not None
-                if output.finish_reason == "error":
-                    raise RequestError(request_id, output.error_code or "error", output.error_message or "")
-                text = decoder.push(output.new_token_ids, final=finished) if decoder else None
-                yield StreamDelta(request_id, output.new_token_ids, text, output.finish_reason,
-                                  output.num_prompt_tokens, output.logprobs)
+            self._claim(choice_ids)
+        except ValueError:
+            self._choice_ids_of.pop(request_id, None)
+            raise
+        queue: asyncio.Queue[tuple[int, WireOutput]] = asyncio.Queue()
+        choices = [Choice(index, params, codec, incremental=True) for index in range(params.n)]
+        for index, choice_id in enumerate(choice_ids):
+            self._sinks[choice_id] = functools.partial(_put_indexed, queue.put_nowait, index)
+        num_open = len(choices)
+        try:
+            await self._send_requests([GenerateRequest(choice_id, prompt_ids, choice_params(params, index), priority,
+                                                       stream=True) for index, choice_id in enumerate(choice_ids)])
+            while num_open:
+                index, output = await queue.get()
+                choice = choices[index]
+                if choice.finished:
+                    continue  # after a stop string: the scheduler's abort reply
+                new_ids, new_logprobs = choice.add(output)
+                if choice.finish_reason == "error":
+                    raise RequestError(request_id, choice.error_code or "error", choice.error_message or "")
+                if choice.finished:
+                    num_open -= 1
+                    if choice.stopped_by_string:
+                        self._abort_soon([choice_ids[index]])
+                text = choice.text.take_delta(choice.finished) if choice.text is not None else None
+                yield StreamDelta(request_id, new_ids, text, choice.finish_reason, output.num_prompt_tokens,
+                                  new_logprobs, index, choice.stop_reason)
         finally:
-            self._sinks.pop(request_id, None)
-            if not finished:  # the caller stopped listening: free the request's resources
-                await self.abort(request_id)
+            for choice_id in choice_ids:
+                self._sinks.pop(choice_id, None)
+            self._choice_ids_of.pop(request_id, None)
+            unfinished = [choice_ids[c.index] for c in choices if not c.finished]
+            if unfinished:  # the caller stopped listening (or one choice failed): free the rest
+                self._abort_soon(unfinished)
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
-                       request_id: str | None = None, priority: int = 0) -> CompletionOutput:
-        """The whole completion of one prompt; raises RequestError if the server refused it."""
+                       request_id: str | None = None, priority: int = 0) -> RequestOutput:
+        """The whole output of one prompt; raises RequestError if the server refused it."""
         outputs = await self.generate_batch([prompt], params, request_ids=[request_id] if request_id else None,
                                             priority=priority)
         return outputs[0].raise_for_error()
 
-    async def generate_batch(self, prompts: Sequence[Prompt], params: SamplingParams | None = None, *,
+    async def generate_batch(self, prompts: Sequence[Prompt],
+                             params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                              window: int | None = None, progress: bool = False, priority: int = 0,
-                             request_ids: Sequence[str] | None = None) -> list[CompletionOutput]:
-        """Completions of any number of prompts, in input order.
+                             request_ids: Sequence[str] | None = None) -> list[RequestOutput]:
+        """Outputs of any number of prompts, in input order; params: one for all, or one each.
 
-        Every prompt is handed over at once unless `window` bounds how many are in flight.
-        A request the server refused comes back with finish_reason "error" (see
-        CompletionOutput.raise_for_error) and the others complete as usual.
+        Every prompt is handed over at once unless `window` bounds how many requests (choices)
+        are in flight. A request the server refused comes back with finish_reason "error" (see
+        RequestOutput.raise_for_error) and the others complete as usual.
         """
         self._ensure_reader()
-        params = validated(params)
-        if any(isinstance(p, str) for p in prompts):
+        params_of = self._params_per_prompt(params, len(prompts))
+        if any(p.stop for p in params_of):
+            await self.text_codec()  # stop strings are matched on text
+        elif any(isinstance(p, str) for p in prompts):
             await self._text_codec()
+        codec = self._codec
         ids = list(request_ids) if request_ids else [self._next_id() for _ in prompts]
-        collector = BatchCollector(ids, progress=progress)
-        self._claim(ids)
-        for request_id in ids:
-            self._sinks[request_id] = collector.on_output
+        if len(ids) != len(prompts):
+            raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
+        collector = BatchCollector(progress=progress, on_stop_string=self._abort_soon)
+        choice_ids = [self._choice_ids(rid, p) for rid, p in zip(ids, params_of)]
+        flat_ids = [choice_id for group in choice_ids for choice_id in group]
         try:
-            window = window or len(prompts)
-            sent = 0
-            while sent < len(prompts):
+            self._claim(flat_ids)
+        except ValueError:
+            for rid in ids:
+                self._choice_ids_of.pop(rid, None)
+            raise
+        for group, p in zip(choice_ids, params_of):
+            for index, choice_id in enumerate(group):  # stop strings: see every step, to abort at a match
+                collector.add(choice_id, Choice(index, p, codec, incremental=bool(p.stop)))
+                self._sinks[choice_id] = collector.on_output
+        prompt_ids: list[list[int]] = [[] for _ in prompts]
+        try:
+            window = window or len(flat_ids)
+            i = 0
+            while i < len(prompts):
                 await collector.wait_for_room(window)
-                count = min(window - collector.num_in_flight, len(prompts) - sent)
-                chunk = [GenerateRequest(ids[i], await self._prompt_ids(prompts[i]), params, priority)
-                         for i in range(sent, sent + count)]
-                collector.num_sent += count
-                sent += count
+                room, chunk = window - collector.num_in_flight, []
+                while i < len(prompts) and (room > 0 or not chunk):
+                    prompt_ids[i] = await self._prompt_ids(prompts[i])
+                    chunk += [GenerateRequest(choice_id, prompt_ids[i], choice_params(params_of[i], index), priority,
+                                              stream=bool(params_of[i].stop))
+                              for index, choice_id in enumerate(choice_ids[i])]
+                    room -= len(choice_ids[i])
+                    i += 1
+                collector.num_sent += len(chunk)
                 await self._send_requests(chunk)
             await collector.wait_all()
         except BaseException:
             unfinished = collector.unfinished_ids()
             if unfinished:
-                await self.abort(unfinished)
+                self._abort_soon(unfinished)
             raise
         finally:
-            for request_id in ids:
-                self._sinks.pop(request_id, None)
+            for choice_id in flat_ids:
+                self._sinks.pop(choice_id, None)
+            for rid in ids:
+                self._choice_ids_of.pop(rid, None)
             collector.close()
         await self._text_codec()
-        return [self._completion(request_id, collector.token_ids[i], collector.last[i], collector.logprobs[i])
-                for i, request_id in enumerate(ids)]
+        for group in choice_ids:
+            for choice_id in group:
+                collector.choices[choice_id].codec = self._codec
+        return [RequestOutput(rid, prompt if isinstance(prompt, str) else None, prompt_ids[i],
+                              [collector.choices[choice_id].output() for choice_id in choice_ids[i]])
+                for i, (rid, prompt) in enumerate(zip(ids, prompts))]
 
     async def close(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self._reader is not None:
             self._reader.cancel()
             try:

@@ -8,7 +8,8 @@ from client_sdk.launcher import LocalCluster
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-llama", help="preset name or Hugging Face model folder")
-    p.add_argument("--workers", type=int, default=1, help="worker processes (data-parallel replicas)")
+    p.add_argument("--workers", type=int, default=1, help="data-parallel replicas (each a worker, or a TP group)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="worker processes per replica")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--load-format", default=None, help="auto | dummy")
     p.add_argument("--kv-cache-gb", type=float, default=None)
@@ -37,5 +38,6 @@ def service_address(args: argparse.Namespace) -> Iterator[str]:
         yield args.address
         return
     scheduler, worker = cluster_args(args)
-    with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker) as cluster:
+    with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
+                      tensor_parallel_size=args.tensor_parallel_size) as cluster:
         yield cluster.address

@@ -15,3 +15,7 @@ class RequestError(Exception):
         self.request_id = request_id
         self.code = code
         self.message = message
+
+
+class ChatTemplateError(ValueError):
+    """A conversation could not be rendered: the model has no chat template, or it failed."""

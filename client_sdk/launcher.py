@@ -1,25 +1,33 @@
-"""LocalCluster: a scheduler and N worker processes on this machine, on loopback ports.
+"""LocalCluster: a scheduler, N worker replicas (each one process, or a tensor-parallel group)
+and optionally an HTTP gateway, on this machine, on loopback ports.
 
-Used by `LLM`, `stepserve up`, `stepserve bench` and the end-to-end tests. The scheduler binds
-random ports and prints them on its ready line, so clusters never collide.
+Used by `LLM`, `stepserve up` / `serve`, `stepserve bench` and the end-to-end tests. The
+scheduler and the gateway bind random ports and print them on their ready lines, so clusters
+never collide.
 """
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-READY = re.compile(r"stepserve scheduler ready frontend=(\S+) workers=(\S+)")
+READY = re.compile(r"stepserve scheduler ready frontend=(\S+) workers=(\S+)(?: metrics=(\S+))?")
+GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
 
 
 class LocalCluster:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
-                 workers: str = "tcp://127.0.0.1:*", quiet: bool = True):
+                 workers: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1):
+        """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes."""
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model = model
         self.num_workers = num_workers
+        self.tensor_parallel_size = tensor_parallel_size
         self.scheduler_args = list(scheduler_args)
         self.worker_args = list(worker_args)
         self.frontend = frontend
@@ -27,7 +35,15 @@ class LocalCluster:
         self.quiet = quiet
         self.scheduler: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen] = []
+        self.gateway: subprocess.Popen | None = None
         self.address: str | None = None
+        self.base_url: str | None = None  # the gateway's, once started
+        self.metrics_url: str | None = None  # the scheduler's, with --metrics-port
+
+    @property
+    def num_worker_processes(self) -> int:
+        """What the scheduler's health counts as workers once all have joined: every rank."""
+        return self.num_workers * self.tensor_parallel_size
 
     def _popen(self, module: str, args: list[str], stdout=None) -> subprocess.Popen:
         # Quiet: stderr goes to a temporary file, read back only to explain an early exit.
@@ -39,7 +55,7 @@ class LocalCluster:
 
     def check_alive(self) -> None:
         """Raises with the tail of its log if any process of the cluster has exited."""
-        for proc in [self.scheduler, *self.worker_procs]:
+        for proc in [self.scheduler, *self.worker_procs, self.gateway]:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"{' '.join(proc.args[2:4])} exited with code {proc.returncode}:\n"
                                    f"{_tail(proc.stderr_file)}")
@@ -48,20 +64,33 @@ class LocalCluster:
         self.scheduler = self._popen("scheduler_svc", ["--frontend", self.frontend, "--workers",
                                                        self.workers_address, *self.scheduler_args],
                                      stdout=subprocess.PIPE)
-        self.address, self.workers_address = self._await_ready(timeout_s)
+        self.address, self.workers_address, self.metrics_url = self._await_ready(self.scheduler, READY,
+                                                                                 timeout_s).groups()
         for _ in range(self.num_workers):
-            self.add_worker()
+            self.add_replica()
         return self
 
-    def _await_ready(self, timeout_s: float) -> tuple[str, str]:
-        found: list[tuple[str, str]] = []
-        stream = self.scheduler.stdout
+    def start_gateway(self, args: list[str] = (), host: str = "127.0.0.1", port: int = 0,
+                      timeout_s: float = 120.0) -> str:
+        """Starts an HTTP gateway on this cluster's scheduler; returns its base URL."""
+        self.gateway = self._popen("gateway_svc", ["--scheduler", self.address, "--host", host, "--port", str(port),
+                                                   *args], stdout=subprocess.PIPE)
+        self.base_url = self._await_ready(self.gateway, GATEWAY_READY, timeout_s).group(1)
+        return self.base_url
+
+    def _await_ready(self, proc: subprocess.Popen, ready: re.Pattern, timeout_s: float) -> re.Match:
+        """The ready line's match; stdout keeps being read (and echoed unless quiet) after it."""
+        found: list[re.Match] = []
+        stream, quiet = proc.stdout, self.quiet
 
         def read() -> None:
             for line in iter(stream.readline, b""):
-                match = READY.search(line.decode(errors="replace"))
+                text = line.decode(errors="replace")
+                match = ready.search(text)
                 if match and not found:
-                    found.append((match.group(1), match.group(2)))
+                    found.append(match)
+                elif not quiet:
+                    print(text, end="", flush=True)
             stream.close()
 
         threading.Thread(target=read, daemon=True).start()
@@ -69,21 +98,32 @@ class LocalCluster:
         while not found:
             self.check_alive()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"scheduler not ready in {timeout_s} s")
+                raise TimeoutError(f"{proc.args[2]} not ready in {timeout_s} s")
             time.sleep(0.01)
         return found[0]
 
+    def add_replica(self) -> list[subprocess.Popen]:
+        """One data-parallel replica: a worker alone, or a tensor-parallel group of ranks that
+        meet at a free loopback port."""
+        size = self.tensor_parallel_size
+        if size == 1:
+            return [self.add_worker()]
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        return [self.add_worker(["--tensor-parallel-size", str(size), "--rank", str(rank),
+                                 "--dist-init-address", address]) for rank in range(size)]
+
     def add_worker(self, extra_args: list[str] = ()) -> subprocess.Popen:
         args = [*self.worker_args, *extra_args]
-        if "--threads" not in args and "--device" not in args and self.num_workers > 1:
+        num_procs = self.num_worker_processes
+        if "--threads" not in args and "--device" not in args and num_procs > 1:
             # CPU workers side by side: split the cores, or their thread pools fight over them.
-            args += ["--threads", str(max(1, (os.cpu_count() or 1) // self.num_workers))]
+            args += ["--threads", str(max(1, (os.cpu_count() or 1) // num_procs))]
         proc = self._popen("worker_svc", ["--scheduler", self.workers_address, "--model", self.model, *args])
         self.worker_procs.append(proc)
         return proc
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        procs = [p for p in self.worker_procs + [self.scheduler] if p is not None]
+        procs = [p for p in [self.gateway, *self.worker_procs, self.scheduler] if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -111,6 +151,12 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _tail(stderr_file, num_bytes: int = 4000) -> str:

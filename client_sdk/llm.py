@@ -1,42 +1,102 @@
-"""LLM: offline batch inference the way vLLM's `LLM` offers it, on a local cluster."""
+"""LLM: offline batch inference the way vLLM's `LLM` offers it, on a local cluster.
+
+Code written for vLLM's LLM runs unchanged: `LLM(model, tensor_parallel_size=...,
+data_parallel_size=..., dtype=..., max_model_len=..., gpu_memory_utilization=..., seed=...)`,
+`generate(prompts, sampling_params)` with one SamplingParams or one per prompt, returning
+RequestOutput objects (`outputs[0].outputs[0].text`), and `chat(messages, sampling_params)`.
+"""
+import random
+import warnings
+
+import msgspec
+
 from client_sdk.launcher import LocalCluster
-from client_sdk.outputs import CompletionOutput
+from client_sdk.outputs import RequestOutput
 from client_sdk.sync_client import Client
 from protocol.sampling import SamplingParams
 
 
 class LLM:
-    """Starts a scheduler and `num_workers` workers for `model` (a preset name or a model
-    folder) and serves `generate` from them until `close()` (or the end of a `with`)."""
+    """Starts a scheduler and data_parallel_size replicas of tensor_parallel_size worker
+    processes each for `model` (a preset name or a Hugging Face model folder), and serves
+    `generate` and `chat` from them until `close()` (or the end of a `with`).
 
-    def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, dtype: str | None = None,
-                 load_format: str | None = None, kv_cache_gb: float | None = None,
+    seed: like vLLM's, makes sampling reproducible run to run: each request without a seed
+    of its own gets one drawn from it. num_workers: the old name of data_parallel_size.
+    """
+
+    def __init__(self, model: str = "tiny-llama", num_workers: int | None = None, *,
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, dtype: str | None = None,
+                 max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
+                 seed: int | None = None, swap_space: float | None = None, device: str | None = None,
+                 load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  scheduler_args: list[str] = (), worker_args: list[str] = (), startup_timeout_s: float = 300.0,
                  quiet: bool = True):
+        if num_workers is not None:
+            warnings.warn("LLM(num_workers=...) is deprecated: use data_parallel_size (vLLM's name)",
+                          DeprecationWarning, stacklevel=2)
+            data_parallel_size = num_workers
         worker_args = list(worker_args)
-        for flag, value in (("--dtype", dtype), ("--load-format", load_format), ("--kv-cache-gb", kv_cache_gb)):
+        for flag, value in (("--dtype", dtype), ("--load-format", load_format), ("--kv-cache-gb", kv_cache_gb),
+                            ("--max-model-len", max_model_len), ("--gpu-memory-utilization", gpu_memory_utilization),
+                            ("--swap-space-gb", swap_space), ("--device", device), ("--block-size", block_size)):
             if value is not None:
                 worker_args += [flag, str(value)]
         scheduler_args = list(scheduler_args)
-        for flag, value in (("--max-num-seqs", max_num_seqs), ("--max-num-batched-tokens", max_num_batched_tokens)):
+        for flag, value in (("--max-num-seqs", max_num_seqs), ("--max-num-batched-tokens", max_num_batched_tokens),
+                            ("--block-size", block_size)):
             if value is not None:
                 scheduler_args += [flag, str(value)]
-        self.cluster = LocalCluster(model, num_workers, scheduler_args=scheduler_args, worker_args=worker_args,
-                                    quiet=quiet).start(startup_timeout_s)
+        if swap_space:
+            scheduler_args += ["--preemption", "swap"]
+        self._seeds = random.Random(seed) if seed is not None else None
+        self.cluster = LocalCluster(model, data_parallel_size, scheduler_args=scheduler_args, worker_args=worker_args,
+                                    quiet=quiet, tensor_parallel_size=tensor_parallel_size).start(startup_timeout_s)
         try:
             self.client = Client(self.cluster.address)
-            self.cluster.wait_for_workers(self.client, num_workers, startup_timeout_s)
+            self.cluster.wait_for_workers(self.client, self.cluster.num_worker_processes, startup_timeout_s)
         except BaseException:
             self.cluster.stop()
             raise
 
-    def generate(self, prompts, params: SamplingParams | None = None, *, use_tqdm: bool = False,
-                 window: int | None = None) -> list[CompletionOutput]:
-        single = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
-        outputs = self.client.generate_batch([prompts] if single else list(prompts), params, progress=use_tqdm,
-                                             window=window)
-        return outputs
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool = True, window: int | None = None, params: SamplingParams | None = None
+                 ) -> list[RequestOutput]:
+        """prompts: a string, token ids, {"prompt": ...} / {"prompt_token_ids": ...}, or a list
+        of those; one RequestOutput per prompt, in order. params: the old name of sampling_params."""
+        if params is not None:
+            warnings.warn("generate(params=...) is deprecated: use sampling_params (vLLM's name)",
+                          DeprecationWarning, stacklevel=2)
+            sampling_params = params
+        single = isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int))
+        prompts = [_prompt_of(p) for p in ([prompts] if single else prompts)]
+        return self.client.generate_batch(prompts, self._seeded(sampling_params, len(prompts)), progress=use_tqdm,
+                                          window=window)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, *, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} messages) or a list of them, rendered
+        with the model's chat template (or `chat_template`) and completed."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.client.apply_chat_template(c, chat_template=chat_template,
+                                                   add_generation_prompt=add_generation_prompt,
+                                                   **(chat_template_kwargs or {})) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def get_tokenizer(self):
+        """The model's `tokenizers.Tokenizer`."""
+        return self.client.text_codec().tokenizer
+
+    def _seeded(self, params, num_prompts: int):
+        """With LLM(seed=...): a seed of its own for each request that has none."""
+        if self._seeds is None:
+            return params
+        per_prompt = params if isinstance(params, (list, tuple)) else [params or SamplingParams()] * num_prompts
+        return [p if p.seed is not None or p.temperature == 0
+                else msgspec.structs.replace(p, seed=self._seeds.randrange(1 << 31)) for p in per_prompt]
 
     def close(self) -> None:
         self.client.close()
@@ -47,3 +107,14 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _prompt_of(prompt):
+    """vLLM's prompt dicts (TextPrompt, TokensPrompt) to a string or token ids."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+    return prompt

@@ -1,4 +1,10 @@
-"""What the SDK hands back: a whole completion, or one streamed delta."""
+"""What the SDK hands back: vLLM's shapes (RequestOutput holding CompletionOutput per choice),
+or one streamed delta.
+
+RequestOutput once was a single completion with token_ids, text, finish_reason and logprobs
+of its own: those still read, from outputs[0], with a DeprecationWarning.
+"""
+import warnings
 from dataclasses import dataclass, field
 
 from client_sdk.errors import RequestError
@@ -6,31 +12,119 @@ from protocol.client_messages import TokenLogprobs
 
 
 @dataclass
+class Logprob:
+    """vLLM's: one candidate token's log probability, its rank among all tokens (1 = the most
+    likely; None when unknown) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
 class CompletionOutput:
-    request_id: str
+    """One completion of a prompt (one of its n choices), as vLLM's CompletionOutput."""
+
+    index: int
+    text: str | None  # None when the model has no tokenizer
     token_ids: list[int]
-    num_prompt_tokens: int
-    finish_reason: str | None  # "length" | "stop" | "abort" | "error"
-    text: str | None = None  # when the model has a tokenizer
-    logprobs: list[TokenLogprobs] | None = None
-    error_code: str | None = None
+    cumulative_logprob: float | None = None
+    # Per generated token: token id -> Logprob, the sampled token and the top alternatives.
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None  # "length" | "stop" | "abort" | "error"
+    stop_reason: str | int | None = None  # the stop string or stop token id; None for EOS
+    # The same logprobs as they came over the wire: the sampled token's and the top N.
+    token_logprobs: list[TokenLogprobs] | None = None
+    error_code: str | None = None  # when finish_reason is "error"
     error_message: str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """Everything one prompt produced, as vLLM's RequestOutput: outputs holds its n choices."""
+
+    request_id: str
+    prompt: str | None  # None when the prompt was given as token ids
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    prompt_logprobs: None = None  # not computed; here so vLLM code that reads it runs
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
     @property
     def ok(self) -> bool:
-        return self.finish_reason in ("length", "stop")
+        return all(o.finish_reason in ("length", "stop") for o in self.outputs)
 
-    def raise_for_error(self) -> "CompletionOutput":
-        if self.finish_reason == "error":
-            raise RequestError(self.request_id, self.error_code or "error", self.error_message or "")
+    @property
+    def _failed(self) -> CompletionOutput | None:
+        return next((o for o in self.outputs if o.finish_reason == "error"), None)
+
+    @property
+    def error_code(self) -> str | None:
+        return self._failed.error_code if self._failed else None
+
+    @property
+    def error_message(self) -> str | None:
+        return self._failed.error_message if self._failed else None
+
+    def raise_for_error(self) -> "RequestOutput":
+        failed = self._failed
+        if failed is not None:
+            raise RequestError(self.request_id, failed.error_code or "error", failed.error_message or "")
         return self
+
+    # ---- the old single-completion shape, deprecated -------------------------------
+
+    def _first(self, name: str):
+        warnings.warn(f"RequestOutput.{name} is deprecated: read outputs[0].{name} (vLLM's shape)",
+                      DeprecationWarning, stacklevel=3)
+        return self.outputs[0]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._first("token_ids").token_ids
+
+    @property
+    def text(self) -> str | None:
+        return self._first("text").text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._first("finish_reason").finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        """The old shape: outputs[0].token_logprobs."""
+        return self._first("token_logprobs").token_logprobs
+
+
+def vllm_logprobs(steps: list[TokenLogprobs], decode_each) -> list[dict[int, Logprob]]:
+    """The wire's per-step logprobs in vLLM's shape; decode_each: token ids -> their texts."""
+    ids = sorted({t for step in steps for t in (step.token_id, *step.top_token_ids)})
+    text_of = dict(zip(ids, decode_each(ids))) if decode_each and ids else {}
+    out = []
+    for step in steps:
+        candidates = {t: Logprob(lp, rank, text_of.get(t))
+                      for rank, (t, lp) in enumerate(zip(step.top_token_ids, step.top_logprobs), start=1)}
+        if step.token_id not in candidates:
+            candidates = {step.token_id: Logprob(step.logprob, None, text_of.get(step.token_id)), **candidates}
+        out.append(candidates)
+    return out
 
 
 @dataclass
 class StreamDelta:
     request_id: str
-    token_ids: list[int]  # new since the previous delta
-    text: str | None = None  # new text since the previous delta
+    token_ids: list[int]  # new since the previous delta of this choice
+    text: str | None = None  # new text since the previous delta of this choice
     finish_reason: str | None = None
     num_prompt_tokens: int = 0
     logprobs: list[TokenLogprobs] | None = field(default=None)
+    index: int = 0  # which of the n choices
+    stop_reason: str | int | None = None

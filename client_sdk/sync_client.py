@@ -38,6 +38,15 @@ class Client:
         finally:
             self._call(agen.aclose())
 
+    def text_codec(self):
+        return self._call(self._async.text_codec())
+
+    def served_model(self):
+        return self._call(self._async.served_model())
+
+    def apply_chat_template(self, messages, **kwargs):
+        return self._call(self._async.apply_chat_template(messages, **kwargs))
+
     def abort(self, request_id):
         return self._call(self._async.abort(request_id))
 

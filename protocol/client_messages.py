@@ -86,6 +86,8 @@ class ModelInfo(Message, tag=True):
     eos_token_ids: list[int] = []
     tokenizer_json: str | None = None  # Hugging Face tokenizers JSON, relayed from the worker
     num_workers: int = 0
+    chat_template: str | None = None  # Jinja, relayed from the worker; None: the model has none
+    special_tokens: dict[str, str] = {}  # bos_token, eos_token, ...: the names templates use
 
 
 class ReplicaHealth(msgspec.Struct, array_like=True):

@@ -5,6 +5,7 @@ import msgspec
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 MAX_LOGPROBS = 20
+MAX_N = 128  # completions per prompt; each is a request of its own on the scheduler
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -14,9 +15,15 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     convention, both accepted). top_p 1 and min_p 0 disable those filters. A seed makes the
     request's samples reproducible whatever else is in the batch. logprobs=N asks for the
     sampled token's logprob plus the top N alternatives per step.
+
+    n, stop and include_stop_str_in_output are the SDK's (the scheduler only sees token ids):
+    the SDK sends n requests with seeds seed, seed + 1, ... (vLLM's rule), matches the stop
+    strings on the text it detokenizes, aborts the request at a match and cuts the text before
+    the stop string (after it with include_stop_str_in_output). What reaches the scheduler has
+    n = 1 and no stop strings (it refuses others).
     """
 
-    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 16
     min_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
     temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
@@ -27,12 +34,18 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     stop_token_ids: list[TokenId] = []
     ignore_eos: bool = False
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    stop: str | list[Annotated[str, msgspec.Meta(min_length=1)]] = []
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
         if self.temperature != self.temperature or self.temperature == float("inf"):
             raise ValueError("temperature must be finite")
+        if isinstance(self.stop, str):
+            if not self.stop:
+                raise ValueError("a stop string must not be empty")
+            self.stop = [self.stop]
 
     @property
     def is_greedy(self) -> bool:

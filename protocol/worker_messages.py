@@ -37,6 +37,11 @@ class WorkerHello(Message, tag=True):
     # The ranks of one tensor-parallel group share a group id and form one replica: the same
     # plan goes to every rank, rank 0 answers. Empty for a worker alone (its worker_id is used).
     group_id: str = ""
+    # From the model folder (tokenizer_config.json's chat_template, or chat_template.jinja), and
+    # the special tokens' text (bos_token, eos_token, ...) that templates refer to. Relayed to
+    # clients in ModelInfo like tokenizer_json, so a gateway on another host renders chats.
+    chat_template: str | None = None
+    special_tokens: dict[str, str] = {}
 
 
 class StepResult(Message, tag=True):

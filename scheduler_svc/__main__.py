@@ -25,6 +25,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--worker-timeout", type=float, default=10.0,
                    help="seconds of silence after which a worker is dropped and its requests requeued")
     p.add_argument("--max-message-mb", type=int, default=256, help="largest incoming message accepted")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (0: any free one); off by default")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint binds")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -34,13 +37,17 @@ async def run(args: argparse.Namespace) -> None:
                              block_size=args.block_size, preemption_mode=args.preemption, policy=args.policy,
                              enable_chunked_prefill=not args.no_chunked_prefill)
     service = SchedulerService(args.frontend, args.workers, config, worker_timeout_s=args.worker_timeout,
-                               max_message_bytes=args.max_message_mb << 20)
+                               max_message_bytes=args.max_message_mb << 20,
+                               enable_metrics=args.metrics_port is not None)
+    metrics = ""
+    if service.metrics is not None:
+        metrics = f" metrics=http://{args.metrics_host}:{service.metrics.serve(args.metrics_host, args.metrics_port)}"
     frontend, workers = service.bind()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, service.stop)
     # The launcher waits for this line; it carries the bound addresses (ports may be '*').
-    print(f"stepserve scheduler ready frontend={frontend} workers={workers}", flush=True)
+    print(f"stepserve scheduler ready frontend={frontend} workers={workers}{metrics}", flush=True)
     await service.serve()
 
 

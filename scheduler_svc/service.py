@@ -22,6 +22,7 @@ from protocol.worker_messages import Heartbeat, Shutdown, StepResult, WorkerHell
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
+from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import OutputBatcher, error_output, output_for
 from scheduler_svc.replica import Replica, WorkerLost
 from scheduler_svc.stats import health, model_info
@@ -41,8 +42,10 @@ def finish(request: Request, reason: str) -> None:
 class SchedulerService:
     def __init__(self, frontend_address: str, workers_address: str, config: SchedulerConfig,
                  worker_timeout_s: float = 10.0, max_message_bytes: int = 256 << 20,
-                 check_integrity_when_idle: bool = True):
+                 check_integrity_when_idle: bool = True, enable_metrics: bool = False):
         self.config = config
+        # Prometheus metrics (--metrics-port); None when off, and then they cost nothing.
+        self.metrics = SchedulerMetrics(self._health) if enable_metrics else None
         self.frontend_address = frontend_address
         self.workers_address = workers_address
         self.worker_timeout_s = worker_timeout_s
@@ -200,10 +203,17 @@ class SchedulerService:
                 self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), ErrorCode.DUPLICATE_ID,
                                                       f"request id {g.request_id!r} is already running"))
                 continue
+            if g.params.n != 1 or g.params.stop:  # the SDK's: it sends each choice as a request, n = 1
+                self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), ErrorCode.INVALID_PARAMS,
+                                                      "n > 1 and stop strings are handled by the SDK; send n = 1 "
+                                                      "and no stop strings"))
+                continue
             request = Request(g.request_id, g.prompt_token_ids, g.params, g.priority, client=client, stream=g.stream)
             request.arrival = next(self._arrivals)
             self.book.add(request)
             self.pending.push(request)
+            if self.metrics is not None:
+                self.metrics.on_arrival(request.request_id)
         tune_gc_for_large_queues()  # keep the new requests out of the cyclic GC's scans
         self._wake_replicas()
 
@@ -230,6 +240,8 @@ class SchedulerService:
             finish(request, reason)  # lazily skipped when `pending` reaches it
             self.pending.mark_removed()
         self.book.forget(request)
+        if self.metrics is not None:
+            self.metrics.on_end(request, reason)
         output = output_for(request, [], None, reason)
         if output is not None:
             self.outputs.add(request.client, output)
@@ -242,6 +254,8 @@ class SchedulerService:
     def _fail(self, request: Request, code: str, message: str) -> None:
         finish(request, "error")
         self.book.forget(request)
+        if self.metrics is not None:
+            self.metrics.on_end(request, "error")
         self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids), code, message))
 
     async def _flush_outputs(self) -> None:
@@ -350,6 +364,7 @@ class SchedulerService:
             await self._flush_outputs()
 
     def _apply(self, updates, step_error: str | None = None) -> None:
+        metrics, now = self.metrics, time.monotonic()
         for update in updates:
             request = update.request
             if update.finish_reason == "error":
@@ -357,7 +372,11 @@ class SchedulerService:
                                       step_error or "the worker returned no token for this request")
             else:
                 output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
+            if metrics is not None:
+                metrics.on_tokens(request.request_id, len(update.new_token_ids), now)
             if update.finish_reason is not None:
                 self.book.forget(request)
+                if metrics is not None:
+                    metrics.on_end(request, update.finish_reason)
             if output is not None:
                 self.outputs.add(request.client, output)

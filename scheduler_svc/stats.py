@@ -11,7 +11,8 @@ def model_info(hello: WorkerHello | None, num_replicas: int) -> ModelInfo:
         return ModelInfo(model=None)
     return ModelInfo(model=hello.model, vocab_size=hello.vocab_size, max_model_len=hello.max_model_len,
                      eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
-                     num_workers=num_replicas)
+                     num_workers=num_replicas, chat_template=hello.chat_template,
+                     special_tokens=hello.special_tokens)
 
 
 def steps_per_second(step_times: Sequence[float]) -> float:

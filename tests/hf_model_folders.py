@@ -65,3 +65,35 @@ def make_opt_folder(path: str, seed: int = 0, **overrides) -> str:
             if name.endswith(".bias") and "layer_norm" not in name:
                 param.normal_(0, 0.02)
     return _save(model, path, OPT_SPECIALS)
+
+
+# Zephyr's template, written over several lines so that trim_blocks / lstrip_blocks matter.
+CHAT_TEMPLATE = """{{ bos_token }}
+{% for message in messages %}
+    {% if message['role'] == 'system' %}
+<|system|>
+{{ message['content'] }}{{ eos_token }}
+    {% elif message['role'] == 'user' %}
+<|user|>
+{{ message['content'] }}{{ eos_token }}
+    {% elif message['role'] == 'assistant' %}
+<|assistant|>
+{% generation %}{{ message['content'] }}{% endgeneration %}{{ eos_token }}
+    {% else %}
+{{ raise_exception('roles are system, user and assistant') }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+<|assistant|>
+{% endif %}"""
+
+
+def write_chat_template(folder: str, template: str = CHAT_TEMPLATE) -> str:
+    """A tokenizer_config.json as transformers saves one, with a chat template and the specials."""
+    import json
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
+              "bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": False, "rstrip": False, "normalized": False, "single_word": False, "special": True}, "unk_token": "<unk>",
+              "pad_token": "<pad>", "model_max_length": 256}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    return folder

@@ -142,7 +142,7 @@ def test_valid_params_frame_decodes():
     {"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": float("inf")},
     {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -2}, {"min_p": 1.5}, {"min_p": -0.1},
     {"max_tokens": 0}, {"max_tokens": -1}, {"min_tokens": -1}, {"min_tokens": 17, "max_tokens": 16},
-    {"stop_token_ids": [-1]}, {"n": 2}, {"logprobs": -1}, {"logprobs": 21}, {"no_such_field": 1},
+    {"stop_token_ids": [-1]}, {"n": 0}, {"n": 129}, {"stop": [""]}, {"logprobs": -1}, {"logprobs": 21}, {"no_such_field": 1},
     {"max_tokens": "16"},
 ])
 def test_out_of_range_params_are_rejected(overrides):

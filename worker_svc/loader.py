@@ -9,7 +9,7 @@ import glob
 import json
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,8 @@ class LoadedModel:
     device: torch.device
     tokenizer_json: str | None
     eos_token_ids: list[int]
+    chat_template: str | None = None
+    special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ...
 
     @property
     def dtype_name(self) -> str:
@@ -47,6 +49,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} not in {LOAD_FORMATS}")
     device = torch.device(device)
+    chat_template, special_tokens = None, {}
     if presets.is_preset(model):
         config = presets.preset_config(model)
         tokenizer_json = byte_tokenizer_json(config["vocab_size"], presets.preset_specials(config))
@@ -55,6 +58,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
         with open(os.path.join(model, "config.json")) as f:
             config = json.load(f)
         tokenizer_json = _read_optional(os.path.join(model, "tokenizer.json"))
+        chat_template, special_tokens = read_chat_template(model)
     else:
         raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}) nor a folder")
     cls = model_class(config)
@@ -71,7 +75,27 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
         module.load_weights(_iter_checkpoint(model, load_format))
     module.eval()
     eos = _eos_token_ids(config, None if presets.is_preset(model) else model)
-    return LoadedModel(model, config, module, torch_dtype, device, tokenizer_json, eos)
+    return LoadedModel(model, config, module, torch_dtype, device, tokenizer_json, eos, chat_template,
+                       special_tokens)
+
+
+def read_chat_template(folder: str) -> tuple[str | None, dict[str, str]]:
+    """The folder's chat template and the special tokens' text, where transformers finds them:
+    chat_template.jinja first, else tokenizer_config.json's chat_template (a string, or a list
+    of named templates of which "default" is used); the tokens from special_tokens_map.json
+    and tokenizer_config.json."""
+    config = json.loads(_read_optional(os.path.join(folder, "tokenizer_config.json")) or "{}")
+    template = _read_optional(os.path.join(folder, "chat_template.jinja")) or config.get("chat_template")
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template}.get("default")
+    special_tokens = {}
+    tokens_map = json.loads(_read_optional(os.path.join(folder, "special_tokens_map.json")) or "{}")
+    for name, value in {**tokens_map, **config}.items():
+        if name.endswith("_token") and isinstance(value, dict):
+            value = value.get("content")  # an AddedToken as transformers saves it
+        if name.endswith("_token") and isinstance(value, str):
+            special_tokens[name] = value
+    return template if isinstance(template, str) else None, special_tokens
 
 
 def resolve_dtype(dtype: str, config: dict, is_folder: bool, device: torch.device) -> torch.dtype:

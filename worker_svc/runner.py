@@ -182,7 +182,8 @@ class ModelRunner:
             num_gpu_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks,
             num_state_slots=self.num_state_slots, eos_token_ids=self.loaded.eos_token_ids,
             tokenizer_json=self.loaded.tokenizer_json,
-            tensor_parallel_size=self.tp.size, rank=self.tp.rank, group_id=group_id)
+            tensor_parallel_size=self.tp.size, rank=self.tp.rank, group_id=group_id,
+            chat_template=self.loaded.chat_template, special_tokens=self.loaded.special_tokens)
 
     def stats(self) -> dict[str, int]:
         """Field names of protocol Heartbeat: Heartbeat(worker_id=..., **runner.stats())."""

@@ -1,0 +1,101 @@
+"""The Prometheus metrics every serving process exposes (the gateway on /metrics, the scheduler
+with --metrics-port): vLLM's names with the `stepserve:` prefix, so dashboards built for vLLM
+need only the prefix changed. One owner for the names, help texts and buckets.
+
+Counts are per sequence the scheduler runs: a prompt asked for n choices counts n requests.
+Queue gauges and the preemption count come from a snapshot callable, read at scrape time.
+"""
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "stepserve:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# vLLM's buckets.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of the KV blocks in use, in [0, 1]
+    num_preemptions: int = 0
+
+
+class _QueueCollector(Collector):
+    def __init__(self, snapshot: Callable[[], QueueState]):
+        self._snapshot = snapshot
+
+    def collect(self):
+        state = self._snapshot()
+        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests running on the workers.",
+                                value=state.num_running)
+        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.",
+                                value=state.num_waiting)
+        yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.",
+                                value=state.kv_cache_usage)
+        yield CounterMetricFamily(PREFIX + "num_preemptions", "Preemptions since the scheduler started.",
+                                  value=state.num_preemptions)
+
+
+class ServingMetrics:
+    """A registry of the serving metrics; observe() requests through their RequestTimer."""
+
+    def __init__(self, snapshot: Callable[[], QueueState]):
+        self.registry = CollectorRegistry()
+        self.registry.register(_QueueCollector(snapshot))
+        r = self.registry
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefill tokens processed.", registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generation tokens produced.", registry=r)
+        self.request_success = Counter(PREFIX + "request_success", "Finished requests, by finish reason.",
+                                       ["finished_reason"], registry=r)
+        self.time_to_first_token = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token.",
+                                             buckets=TTFT_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(PREFIX + "inter_token_latency_seconds", "Time between output tokens.",
+                                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e_request_latency = Histogram(PREFIX + "e2e_request_latency_seconds", "Request latency, end to end.",
+                                             buckets=E2E_BUCKETS, registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """One sequence's timings, from its arrival: feed it each output as it comes."""
+
+    __slots__ = ("_metrics", "_arrival", "_last", "num_generated")
+
+    def __init__(self, metrics: ServingMetrics, arrival: float | None = None):
+        self._metrics = metrics
+        self._arrival = time.monotonic() if arrival is None else arrival
+        self._last: float | None = None
+        self.num_generated = 0
+
+    def on_tokens(self, num_tokens: int, now: float | None = None) -> None:
+        if not num_tokens:
+            return
+        now = time.monotonic() if now is None else now
+        if self._last is None:
+            self._metrics.time_to_first_token.observe(now - self._arrival)
+        else:
+            self._metrics.inter_token_latency.observe(now - self._last)
+        self._last = now
+        self.num_generated += num_tokens
+
+    def on_finish(self, finish_reason: str, num_prompt_tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        metrics = self._metrics
+        metrics.e2e_request_latency.observe(now - self._arrival)
+        metrics.request_success.labels(finish_reason).inc()
+        metrics.prompt_tokens.inc(num_prompt_tokens)
+        metrics.generation_tokens.inc(self.num_generated)
