@@ -1,0 +1,62 @@
+"""python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000
+[--api-key KEY] [--served-model-name NAME] [--max-num-requests N]"""
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import uvicorn
+import uvloop
+
+from client_sdk.client import AsyncClient
+from gateway_svc.app import create_app
+from gateway_svc.upstream import Upstream
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m gateway_svc", description="stepserve OpenAI-compatible HTTP gateway")
+    p.add_argument("--scheduler", default="tcp://127.0.0.1:5555", help="the scheduler's frontend address")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed on the ready line)")
+    p.add_argument("--api-key", default=os.environ.get("STEPSERVE_API_KEY"),
+                   help="required as 'Authorization: Bearer KEY' on /v1/* (default: $STEPSERVE_API_KEY)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the model's)")
+    p.add_argument("--max-num-requests", type=int, default=0,
+                   help="requests in flight through this gateway beyond which it answers 503 (0: no bound)")
+    p.add_argument("--scheduler-timeout", type=float, default=10.0,
+                   help="seconds to wait for the scheduler's health or model info before answering 503")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout)
+    upstream = Upstream(client, args.served_model_name, args.max_num_requests)
+    config = uvicorn.Config(create_app(upstream, args.api_key), host=args.host, port=args.port, loop="none",
+                            http="auto", log_level=args.log_level.lower(), access_log=False,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        # The launcher waits for this line; it carries the bound port (--port may be 0).
+        print(f"stepserve gateway ready url=http://{host}:{port}", flush=True)
+    try:
+        await serving
+    finally:
+        await client.close()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    uvloop.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The FastAPI application: routes, the API key, /health, /v1/models and /metrics."""
+import hmac
+import time
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+
+from gateway_svc.chat import create_chat_completion
+from gateway_svc.completions import create_completion
+from gateway_svc.errors import APIError, from_sdk_error, install_error_handlers, unavailable
+from gateway_svc.responses import json_response
+from gateway_svc.upstream import Upstream
+from protocol.metrics import CONTENT_TYPE
+
+
+def create_app(upstream: Upstream, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="stepserve gateway", summary="OpenAI-compatible API over a stepserve scheduler")
+    install_error_handlers(app)
+    started = int(time.time())
+
+    async def require_key(request: Request) -> None:
+        """Bearer key on /v1/*, compared in constant time; /health and /metrics are open, as in vLLM."""
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise APIError(401, "Missing or incorrect API key: send 'Authorization: Bearer KEY'.", "invalid_api_key",
+                           type="authentication_error")
+
+    keyed = [Depends(require_key)]
+
+    @app.post("/v1/completions", dependencies=keyed)
+    async def completions(request: Request):
+        return await create_completion(request, upstream)
+
+    @app.post("/v1/chat/completions", dependencies=keyed)
+    async def chat_completions(request: Request):
+        return await create_chat_completion(request, upstream)
+
+    @app.get("/v1/models", dependencies=keyed)
+    async def models():
+        info = await upstream.client.served_model()
+        if info.model is None and upstream.served_model_name is None:
+            raise unavailable("no worker has joined the scheduler yet, so the model is not known", "no_worker")
+        card = {"id": upstream.served_model_name or info.model, "object": "model", "created": started,
+                "owned_by": "stepserve", "root": info.model, "max_model_len": info.max_model_len or None,
+                "vocab_size": info.vocab_size or None}  # stepserve's extra: benchmarks draw token ids
+        return json_response({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health():
+        """200 while at least one worker is joined, 503 otherwise (or when the scheduler is silent)."""
+        try:
+            h = await upstream.health(max_age_s=0.0)
+        except Exception as e:
+            return from_sdk_error(e).response()
+        body = {"status": "ok" if h.num_workers else "no_worker", "num_workers": h.num_workers,
+                "num_running": h.num_running, "num_waiting": h.num_waiting}
+        return Response(json_response(body).body, status_code=200 if h.num_workers else 503,
+                        media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics():
+        try:
+            await upstream.health(max_age_s=0.0)  # the queue gauges as of now
+        except Exception:
+            pass  # the counters still render; the gauges keep their last values
+        return Response(upstream.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

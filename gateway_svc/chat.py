@@ -1,0 +1,82 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template, n choices."""
+from fastapi import Request
+
+from client_sdk.tokenizer import TextCodec
+from gateway_svc.errors import bad_request
+from gateway_svc.logprobs import chat_logprobs
+from gateway_svc.openai_requests import ChatCompletionRequest, decode_body, refuse_unsupported, sampling_params
+from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id, serve
+from gateway_svc.upstream import Upstream
+from protocol.sampling import MAX_LOGPROBS
+
+
+class ChatFormatter(Formatter):
+    def __init__(self, req: ChatCompletionRequest, codec: TextCodec):
+        self.req, self.codec = req, codec
+
+    def _logprobs(self, steps) -> dict | None:
+        return chat_logprobs(self.codec, steps) if self.req.logprobs and steps else None
+
+    def _envelope(self, job: Job, choices: list[dict], obj: str = "chat.completion.chunk") -> dict:
+        return {"id": job.request_id, "object": obj, "created": job.created, "model": job.model_name,
+                "system_fingerprint": None, "choices": choices}
+
+    def opening_chunks(self, job: Job) -> list[dict]:
+        """OpenAI opens each streamed choice with the role."""
+        return [self._envelope(job, [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}]) for i in range(job.num_choices)]
+
+    def chunk(self, job: Job, index: int, delta) -> dict | None:
+        if not delta.token_ids and not delta.text and delta.finish_reason is None:
+            return None
+        choice = {"index": index, "delta": {"content": delta.text} if delta.text else {},
+                  "logprobs": self._logprobs(delta.logprobs), "finish_reason": delta.finish_reason,
+                  "stop_reason": delta.stop_reason}
+        if self.req.return_token_ids:
+            choice["token_ids"] = delta.token_ids
+        return self._envelope(job, [choice])
+
+    def usage_chunk(self, job: Job, usage: dict) -> dict:
+        return {**self._envelope(job, []), "usage": usage}
+
+    def body(self, job: Job, choices, usage: dict) -> dict:
+        out = []
+        for i, c in enumerate(choices):
+            choice = {"index": i, "message": {"role": "assistant", "content": c.text},
+                      "logprobs": self._logprobs(c.logprobs), "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason}
+            if self.req.return_token_ids:
+                choice["token_ids"] = c.token_ids
+            out.append(choice)
+        body = {**self._envelope(job, out, "chat.completion"), "usage": usage}
+        if self.req.return_token_ids:
+            body["prompt_token_ids"] = job.prompts[0]
+        return body
+
+
+async def create_chat_completion(request: Request, upstream: Upstream):
+    req = decode_body(await request.body(), ChatCompletionRequest)
+    info = await upstream.check_model(req.model)
+    refuse_unsupported(req)
+    if not req.messages:
+        raise bad_request("messages must not be empty", param="messages")
+    if info.chat_template is None and req.chat_template is None:
+        raise bad_request(f"the model {upstream.name_of(info)!r} has no chat template (no chat_template in its "
+                          "tokenizer_config.json, no chat_template.jinja), so chat completions are not available; "
+                          "use /v1/completions", "no_chat_template", param="messages")
+    codec = await upstream.client.text_codec(required=False)
+    if codec is None:
+        raise bad_request("the model has no tokenizer, so chat completions are not available", "no_tokenizer")
+    ids = await upstream.client.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt,
+                                                    chat_template=req.chat_template, **(req.chat_template_kwargs or {}))
+    check_token_ids(info, ids)
+    num_logprobs = None
+    if req.logprobs:
+        num_logprobs = req.top_logprobs or 0
+        if not 0 <= num_logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    params = sampling_params(req, max_tokens_for(info, len(ids), max_tokens), num_logprobs)
+    job = Job(new_id("chatcmpl"), upstream.name_of(info), [ids], [params], req.stream,
+              bool(req.stream_options and req.stream_options.include_usage), req.priority)
+    return await serve(request, upstream, job, ChatFormatter(req, codec))

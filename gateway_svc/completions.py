@@ -1,0 +1,83 @@
+"""POST /v1/completions: prompts as text, token ids, or lists of either; n choices each."""
+from fastapi import Request
+
+from client_sdk.tokenizer import TextCodec
+from gateway_svc.errors import bad_request
+from gateway_svc.logprobs import completion_logprobs
+from gateway_svc.openai_requests import CompletionRequest, decode_body, refuse_unsupported, sampling_params
+from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id, serve
+from gateway_svc.upstream import Upstream
+
+
+def prompt_list(prompt) -> list[str | list[int]]:
+    """OpenAI's four prompt forms -> a list of prompts, each text or token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    if prompt and all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+                      for p in prompt):
+        return [list(p) for p in prompt]
+    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of lists of "
+                      "token ids, and not empty", param="prompt")
+
+
+class CompletionFormatter(Formatter):
+    def __init__(self, req: CompletionRequest, codec: TextCodec | None):
+        self.req, self.codec = req, codec
+        self._text_offsets: dict[int, int] = {}  # per streamed choice: where its next token's text starts
+
+    def _choice(self, job: Job, index: int, text: str, token_ids, logprobs, finish_reason, stop_reason,
+                with_prompt_ids: bool) -> dict:
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}
+        if self.req.logprobs is not None and logprobs:
+            offset = self._text_offsets.get(index, 0)
+            choice["logprobs"] = completion_logprobs(self.codec, logprobs, offset)
+            self._text_offsets[index] = offset + sum(map(len, choice["logprobs"]["tokens"]))
+        if self.req.return_token_ids:  # vLLM's extra
+            choice["token_ids"] = token_ids
+            if with_prompt_ids:
+                choice["prompt_token_ids"] = job.prompts[index // job.params[0].n]
+        return choice
+
+    def _envelope(self, job: Job, choices: list[dict]) -> dict:
+        return {"id": job.request_id, "object": "text_completion", "created": job.created, "model": job.model_name,
+                "choices": choices}
+
+    def chunk(self, job: Job, index: int, delta) -> dict | None:
+        if not delta.token_ids and not delta.text and delta.finish_reason is None:
+            return None
+        first = index not in self._text_offsets
+        self._text_offsets.setdefault(index, 0)
+        return self._envelope(job, [self._choice(job, index, delta.text or "", delta.token_ids, delta.logprobs,
+                                                 delta.finish_reason, delta.stop_reason, first)])
+
+    def usage_chunk(self, job: Job, usage: dict) -> dict:
+        return {**self._envelope(job, []), "usage": usage}
+
+    def body(self, job: Job, choices, usage: dict) -> dict:
+        return {**self._envelope(job, [self._choice(job, i, c.text, c.token_ids, c.logprobs, c.finish_reason,
+                                                    c.stop_reason, True) for i, c in enumerate(choices)]),
+                "usage": usage}
+
+
+async def create_completion(request: Request, upstream: Upstream):
+    req = decode_body(await request.body(), CompletionRequest)
+    info = await upstream.check_model(req.model)
+    refuse_unsupported(req)
+    prompts = prompt_list(req.prompt)
+    codec = await upstream.client.text_codec(required=False)
+    if codec is None and any(isinstance(p, str) for p in prompts):
+        raise bad_request("the model has no tokenizer: give the prompt as token ids", "no_tokenizer")
+    ids = [codec.encode(p) if isinstance(p, str) else p for p in prompts]
+    for prompt_ids in ids:
+        check_token_ids(info, prompt_ids)
+    params = [sampling_params(req, max_tokens_for(info, len(p), req.max_tokens), req.logprobs) for p in ids]
+    if params[0].stop and codec is None:
+        raise bad_request("stop strings need the model's tokenizer", "no_tokenizer", param="stop")
+    job = Job(new_id("cmpl"), upstream.name_of(info), ids, params, req.stream,
+              bool(req.stream_options and req.stream_options.include_usage), req.priority)
+    return await serve(request, upstream, job, CompletionFormatter(req, codec))

@@ -1,0 +1,110 @@
+"""Request bodies of OpenAI's API (with vLLM's extras), decoded and validated with msgspec, and
+their sampling fields turned into the SDK's SamplingParams (which owns the value ranges).
+
+Unknown fields are ignored, as vLLM does; fields we cannot honour (penalties, logit_bias,
+echo, suffix, tools) are refused with a 400 rather than silently dropped.
+"""
+from typing import Any
+
+import msgspec
+
+from gateway_svc.errors import bad_request
+from protocol.sampling import SamplingParams
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    return_token_ids: bool = False
+    priority: int = 0
+    # refused unless neutral
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    prompt: str | list[Any]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None  # None: up to the model's length
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def decode_body(body: bytes, kind: type):
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as e:
+        raise bad_request(f"invalid request: {e}") from None
+    except msgspec.DecodeError as e:
+        raise bad_request(f"the body is not valid JSON: {e}") from None
+
+
+def refuse_unsupported(req: _SamplingFields) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise bad_request(f"{name} is not supported", param=name)
+    if req.repetition_penalty not in (None, 1.0):
+        raise bad_request("repetition_penalty is not supported", param="repetition_penalty")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported", param="logit_bias")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise bad_request("echo is not supported", param="echo")
+        if req.suffix:
+            raise bad_request("suffix is not supported", param="suffix")
+        if req.best_of not in (None, req.n):
+            raise bad_request("best_of other than n is not supported", param="best_of")
+    else:
+        if req.tools:
+            raise bad_request("tools are not supported", param="tools")
+        if req.response_format and req.response_format.get("type") not in (None, "text"):
+            raise bad_request("response_format other than text is not supported", param="response_format")
+
+
+def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None) -> SamplingParams:
+    """The request's sampling; a 400 that names the field when a value is out of range."""
+    fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
+                              "seed": req.seed, "ignore_eos": req.ignore_eos, "logprobs": num_logprobs,
+                              "include_stop_str_in_output": req.include_stop_str_in_output}
+    for name in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids"):
+        value = getattr(req, name)
+        if value is not None:
+            fields[name] = value
+    try:
+        return msgspec.convert(fields, SamplingParams)
+    except msgspec.ValidationError as e:
+        raise bad_request(f"invalid sampling parameters: {e}") from None

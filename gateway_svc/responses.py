@@ -1,0 +1,180 @@
+"""Serving one OpenAI request, whatever the endpoint: admission, the SDK streams, a JSON body or
+server-sent events, usage, errors, and aborting the requests of a client who went away.
+
+An endpoint describes its request as a Job and formats with its own Formatter (completions
+and chat differ only in the shape of their chunks and bodies).
+"""
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.responses import StreamingResponse
+
+from gateway_svc.choices import GatheredChoice, gather_choices, run_choices
+from gateway_svc.errors import APIError, bad_request, from_sdk_error
+from gateway_svc.upstream import Upstream
+from protocol.client_messages import ModelInfo
+from protocol.sampling import SamplingParams
+
+_encoder = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+GONE = object()  # the client disconnected
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+
+def json_response(obj: dict) -> Response:
+    return Response(_encoder.encode(obj), media_type="application/json")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Job:
+    request_id: str
+    model_name: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    stream: bool
+    include_usage: bool = False
+    priority: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def num_choices(self) -> int:
+        return sum(p.n for p in self.params)
+
+    def usage(self, num_completion_tokens: int) -> dict:
+        num_prompt_tokens = sum(map(len, self.prompts))
+        return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+                "total_tokens": num_prompt_tokens + num_completion_tokens}
+
+
+class Formatter:
+    """What an endpoint's bodies look like."""
+
+    def opening_chunks(self, job: Job) -> list[dict]:
+        return []
+
+    def chunk(self, job: Job, index: int, delta) -> dict | None:
+        raise NotImplementedError
+
+    def usage_chunk(self, job: Job, usage: dict) -> dict:
+        raise NotImplementedError
+
+    def body(self, job: Job, choices: list[GatheredChoice], usage: dict) -> dict:
+        raise NotImplementedError
+
+
+def max_tokens_for(info: ModelInfo, prompt_len: int, requested: int | None) -> int:
+    """The completion's token budget; a 400 when the prompt and it exceed the model's length."""
+    room = info.max_model_len - prompt_len
+    if room < 1:
+        raise bad_request(f"This model's maximum context length is {info.max_model_len} tokens; the prompt has "
+                          f"{prompt_len}, which leaves no room to generate.", "prompt_too_long")
+    if requested is None:
+        return room
+    if requested > room:
+        raise bad_request(f"This model's maximum context length is {info.max_model_len} tokens. However, you "
+                          f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
+                          "for the completion).", "prompt_too_long")
+    return requested
+
+
+def check_token_ids(info: ModelInfo, ids: list[int]) -> None:
+    if not ids:
+        raise bad_request("the prompt is empty", param="prompt")
+    if min(ids) < 0 or max(ids) >= info.vocab_size:
+        raise bad_request(f"prompt token ids must be in [0, {info.vocab_size})", param="prompt")
+
+
+async def serve(request: Request, upstream: Upstream, job: Job, fmt: Formatter) -> Response:
+    await upstream.admit()
+    deltas = run_choices(upstream.client, upstream.metrics, job.request_id, job.prompts, job.params, job.priority)
+    handed_over = False
+    try:
+        if not job.stream:
+            choices = await _unless_disconnected(request, gather_choices(deltas, job.num_choices))
+            if choices is GONE:
+                return Response(status_code=499)  # nobody reads it
+            usage = job.usage(sum(len(c.token_ids) for c in choices))
+            return json_response(fmt.body(job, choices, usage))
+        # The first delta before the headers: a refused request still gets its HTTP status.
+        first = await _unless_disconnected(request, anext(deltas, None))
+        if first is GONE:
+            return Response(status_code=499)
+        handed_over = True
+        return EventStream(_events(job, fmt, first, deltas, upstream.release), media_type="text/event-stream")
+    except APIError:
+        raise
+    except Exception as e:
+        raise from_sdk_error(e) from None
+    finally:
+        if not handed_over:
+            upstream.release()
+            await deltas.aclose()
+
+
+async def _events(job: Job, fmt: Formatter, first, rest: AsyncIterator, release) -> AsyncIterator[bytes]:
+    num_completion_tokens = 0
+    try:
+        for chunk in fmt.opening_chunks(job):
+            yield sse(chunk)
+        item = first
+        while item is not None:
+            index, delta = item
+            num_completion_tokens += len(delta.token_ids)
+            chunk = fmt.chunk(job, index, delta)
+            if chunk is not None:
+                yield sse(chunk)
+            item = await anext(rest, None)
+        if job.include_usage:
+            yield sse(fmt.usage_chunk(job, job.usage(num_completion_tokens)))
+    except Exception as e:  # after the headers: an error event, as vLLM sends
+        yield sse(from_sdk_error(e).body())
+    finally:
+        release()
+        await rest.aclose()
+    yield DONE
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that close their source whatever ends the response, so the requests
+    of a client who went away are aborted at once, not when the garbage collector gets to it."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def _unless_disconnected(request: Request, awaitable):
+    """The awaitable's result, or GONE once the client has disconnected (it is then cancelled)."""
+    work = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return GONE
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
