@@ -27,9 +27,9 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
         print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.num_workers} replica(s) of "
               f"{cluster.tensor_parallel_size} worker(s); {where}", flush=True)
         while not stop.wait(0.5):
-            for name, proc in (("scheduler", cluster.scheduler), ("gateway", cluster.gateway)):
-                if proc is not None and proc.poll() is not None:
-                    print(f"{name} exited", file=sys.stderr)
+            for proc in (cluster.scheduler, *cluster.gateways):
+                if proc.poll() is not None:
+                    print(f"{proc.args[2]} exited", file=sys.stderr)
                     return 1
     finally:
         cluster.stop()

@@ -35,9 +35,9 @@ class LocalCluster:
         self.quiet = quiet
         self.scheduler: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen] = []
-        self.gateway: subprocess.Popen | None = None
+        self.gateways: list[subprocess.Popen] = []  # any number may share the scheduler
         self.address: str | None = None
-        self.base_url: str | None = None  # the gateway's, once started
+        self.base_url: str | None = None  # the first gateway's, once started
         self.metrics_url: str | None = None  # the scheduler's, with --metrics-port
 
     @property
@@ -55,7 +55,7 @@ class LocalCluster:
 
     def check_alive(self) -> None:
         """Raises with the tail of its log if any process of the cluster has exited."""
-        for proc in [self.scheduler, *self.worker_procs, self.gateway]:
+        for proc in [self.scheduler, *self.worker_procs, *self.gateways]:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"{' '.join(proc.args[2:4])} exited with code {proc.returncode}:\n"
                                    f"{_tail(proc.stderr_file)}")
@@ -73,10 +73,12 @@ class LocalCluster:
     def start_gateway(self, args: list[str] = (), host: str = "127.0.0.1", port: int = 0,
                       timeout_s: float = 120.0) -> str:
         """Starts an HTTP gateway on this cluster's scheduler; returns its base URL."""
-        self.gateway = self._popen("gateway_svc", ["--scheduler", self.address, "--host", host, "--port", str(port),
-                                                   *args], stdout=subprocess.PIPE)
-        self.base_url = self._await_ready(self.gateway, GATEWAY_READY, timeout_s).group(1)
-        return self.base_url
+        gateway = self._popen("gateway_svc", ["--scheduler", self.address, "--host", host, "--port", str(port),
+                                              *args], stdout=subprocess.PIPE)
+        self.gateways.append(gateway)
+        url = self._await_ready(gateway, GATEWAY_READY, timeout_s).group(1)
+        self.base_url = self.base_url or url
+        return url
 
     def _await_ready(self, proc: subprocess.Popen, ready: re.Pattern, timeout_s: float) -> re.Match:
         """The ready line's match; stdout keeps being read (and echoed unless quiet) after it."""
@@ -123,7 +125,7 @@ class LocalCluster:
         return proc
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        procs = [p for p in [self.gateway, *self.worker_procs, self.scheduler] if p is not None]
+        procs = [p for p in [*self.gateways, *self.worker_procs, self.scheduler] if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()

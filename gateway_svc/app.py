@@ -13,6 +13,17 @@ from gateway_svc.upstream import Upstream
 from protocol.metrics import CONTENT_TYPE
 
 
+async def _as_api_errors(endpoint):
+    """Every failure as an OpenAI-shaped error here: an exception left to Starlette's catch-all
+    handler is re-raised after the response, and the connection dies with it."""
+    try:
+        return await endpoint
+    except APIError:
+        raise
+    except Exception as e:
+        raise from_sdk_error(e) from None
+
+
 def create_app(upstream: Upstream, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="stepserve gateway", summary="OpenAI-compatible API over a stepserve scheduler")
     install_error_handlers(app)
@@ -31,11 +42,11 @@ def create_app(upstream: Upstream, api_key: str | None = None) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request):
-        return await create_completion(request, upstream)
+        return await _as_api_errors(create_completion(request, upstream))
 
     @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request):
-        return await create_chat_completion(request, upstream)
+        return await _as_api_errors(create_chat_completion(request, upstream))
 
     @app.get("/v1/models", dependencies=keyed)
     async def models():
