@@ -1,4 +1,4 @@
-# stepserve: one image for the scheduler and the workers.
+# stepserve: one image for the scheduler, the workers and the HTTP gateway.
 #   docker build -t stepserve .
 # PyPI's torch wheel (a CUDA build on x86_64) runs on GPUs and CPUs alike. For a smaller
 # CPU-only image, point pip at a CPU wheel index: --build-arg TORCH_PIP_ARGS="--index-url URL".
@@ -15,9 +15,11 @@ COPY protocol ./protocol
 COPY scheduler_svc ./scheduler_svc
 COPY worker_svc ./worker_svc
 COPY client_sdk ./client_sdk
+COPY gateway_svc ./gateway_svc
 COPY benchmarks ./benchmarks
 RUN pip install .
 
-# Only the frontend is meant to be published; workers reach the scheduler on the compose network.
-EXPOSE 5555
+# The frontend (SDK) and the gateway (HTTP) are meant to be published; workers reach the
+# scheduler on the compose network.
+EXPOSE 5555 8000
 CMD ["python", "-m", "scheduler_svc", "--frontend", "tcp://0.0.0.0:5555", "--workers", "tcp://0.0.0.0:5556"]

@@ -19,7 +19,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scheduler", default="tcp://127.0.0.1:5555", help="the scheduler's frontend address")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed on the ready line)")
-    p.add_argument("--api-key", default=os.environ.get("STEPSERVE_API_KEY"),
+    p.add_argument("--api-key", default=os.environ.get("STEPSERVE_API_KEY") or None,
                    help="required as 'Authorization: Bearer KEY' on /v1/* (default: $STEPSERVE_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the model's)")
     p.add_argument("--max-num-requests", type=int, default=0,

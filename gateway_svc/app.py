@@ -31,7 +31,7 @@ def create_app(upstream: Upstream, api_key: str | None = None) -> FastAPI:
 
     async def require_key(request: Request) -> None:
         """Bearer key on /v1/*, compared in constant time; /health and /metrics are open, as in vLLM."""
-        if api_key is None:
+        if not api_key:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), api_key.encode()):

@@ -1,16 +1,20 @@
 """compose.yaml, without a docker engine: each service's command runs as a local process, service
-names resolved to 127.0.0.1, and the pair serves a request."""
+names resolved to 127.0.0.1; they serve a request over ZeroMQ and over HTTP, and every
+healthcheck passes."""
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
 from client_sdk import Client, SamplingParams
+from tests.gateway_helpers import post_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,20 +32,26 @@ def free_port() -> int:
 
 
 def local_command(command: list[str], ports: dict[int, int], env: dict[str, str]) -> list[str]:
-    """The service's command as this machine runs it: variables expanded, hosts on loopback."""
-    def expand(arg: str) -> str:
+    """The service's command (or healthcheck) as this machine runs it: variables expanded,
+    hosts on loopback, the compose ports mapped to free ones."""
+    def expand(arg: str, previous: str) -> str:
         arg = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), arg)
-        arg = re.sub(r"tcp://(0\.0\.0\.0|scheduler):(\d+)", lambda m: f"tcp://127.0.0.1:{ports[int(m.group(2))]}", arg)
-        return arg
-    args = [expand(a) for a in command]
-    assert args[0] == "python"
-    return [sys.executable, *args[1:]]
+        arg = re.sub(r"(tcp|http)://(0\.0\.0\.0|127\.0\.0\.1|scheduler):(\d+)",
+                     lambda m: f"{m.group(1)}://127.0.0.1:{ports[int(m.group(3))]}", arg)
+        return str(ports[int(arg)]) if previous == "--port" else arg
+    args = [expand(a, p) for a, p in zip(command, ["", *command])]
+    if args[0] == "CMD":  # a healthcheck's exec form
+        args = args[1:]
+    program = {"python": [sys.executable], "stepserve": [sys.executable, "-m", "client_sdk.cli"]}[args[0]]
+    return [*program, *args[1:]]
 
 
-def test_only_the_frontend_is_published_and_gpu_profile_reserves_nvidia(compose):
+def test_only_the_frontend_and_gateway_are_published_and_gpu_profile_reserves_nvidia(compose):
     services = compose["services"]
     assert services["scheduler"]["ports"] == ["5555:5555"]
+    assert services["gateway"]["ports"] == ["8000:8000"]
     assert "ports" not in services["worker"]
+    assert all("healthcheck" in services[name] for name in ("scheduler", "worker", "worker-gpu", "gateway"))
     assert "profiles" not in services["worker"]
     gpu = services["worker-gpu"]
     assert gpu["profiles"] == ["gpu"]
@@ -52,19 +62,34 @@ def test_only_the_frontend_is_published_and_gpu_profile_reserves_nvidia(compose)
         assert check.returncode == 0, check.stderr
 
 
+def healthy(compose, name: str, ports, env) -> bool:
+    test = compose["services"][name]["healthcheck"]["test"]
+    return subprocess.run(local_command(test, ports, env), cwd=ROOT, capture_output=True, timeout=60).returncode == 0
+
+
 def test_compose_services_serve_a_request(compose):
-    ports = {5555: free_port(), 5556: free_port()}
+    ports = {5555: free_port(), 5556: free_port(), 8000: free_port()}
     env = {"STEPSERVE_MODEL": "micro-llama", "STEPSERVE_KV_CACHE_GB": "0.05"}
     procs = []
     try:
-        for name in ("scheduler", "worker"):  # the default profile, in depends_on order
+        for name in ("scheduler", "gateway", "worker"):  # the default profile, in depends_on order
+            if name == "worker":
+                assert not healthy(compose, "worker", ports, env)  # none has joined yet
             command = local_command(compose["services"][name]["command"], ports, env)
             procs.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         with Client(f"tcp://127.0.0.1:{ports[5555]}", timeout_s=60) as client:
             client.wait_for_workers(1, timeout_s=120)
-            out = client.generate("hello", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+            out = client.generate("hello", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)).outputs[0]
             assert out.finish_reason == "length" and len(out.token_ids) == 4
             assert client.model_info().model == "micro-llama"
+        deadline = time.monotonic() + 60  # the gateway may still be starting
+        while not healthy(compose, "gateway", ports, env):
+            assert time.monotonic() < deadline, "the gateway never became healthy"
+            time.sleep(0.1)
+        assert healthy(compose, "scheduler", ports, env) and healthy(compose, "worker", ports, env)
+        status, body = post_json(f"http://127.0.0.1:{ports[8000]}/v1/completions",
+                                 {"prompt": "hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
     finally:
         for proc in procs:
             proc.terminate()
