@@ -13,6 +13,29 @@ from protocol.client_messages import RequestOutput as WireOutput
 from protocol.sampling import SamplingParams
 
 
+def validated(params: SamplingParams | None) -> SamplingParams:
+    """Checks the field ranges here, so a bad value fails at the caller, not on the server."""
+    params = params or SamplingParams()
+    try:
+        return msgspec.convert(msgspec.to_builtins(params), SamplingParams)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"invalid sampling params: {e}") from None
+
+
+def params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams for all prompts, or one each: validated, one per prompt."""
+    if params is None or isinstance(params, SamplingParams):
+        return [validated(params)] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"{len(params)} sampling params for {num_prompts} prompts: give one, or one per prompt")
+    checked: dict[int, SamplingParams] = {}  # the same object for many prompts: checked once
+    for p in params:
+        if id(p) not in checked:
+            checked[id(p)] = validated(p)
+    return [checked[id(p)] for p in params]
+
+
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """What the scheduler gets for choice `index`: n = 1, no stop strings (the SDK's), and
     seed + index when seeded, so the n choices differ (vLLM's rule)."""

@@ -11,13 +11,12 @@ import uuid
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable, Sequence
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from client_sdk.batch import BatchCollector
 from client_sdk.chat_template import render_chat
-from client_sdk.choice import Choice, choice_params
+from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
 from client_sdk.errors import ChatTemplateError, RequestError, ServiceError
 from client_sdk.outputs import RequestOutput, StreamDelta
 from client_sdk.tokenizer import TextCodec
@@ -29,15 +28,6 @@ from protocol.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
 MAX_REQUESTS_PER_MESSAGE = 2048
-
-
-def validated(params: SamplingParams | None) -> SamplingParams:
-    """Checks the field ranges here, so a bad value fails at the caller, not on the server."""
-    params = params or SamplingParams()
-    try:
-        return msgspec.convert(msgspec.to_builtins(params), SamplingParams)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"invalid sampling params: {e}") from None
 
 
 def _put_indexed(put: Callable, index: int, output: WireOutput) -> None:
@@ -163,15 +153,6 @@ class AsyncClient:
         self._choice_ids_of[request_id] = ids
         return ids
 
-    def _params_per_prompt(self, params, num_prompts: int) -> list[SamplingParams]:
-        if params is None or isinstance(params, SamplingParams):
-            return [validated(params)] * num_prompts
-        params = list(params)
-        if len(params) != num_prompts:
-            raise ValueError(f"{len(params)} sampling params for {num_prompts} prompts: give one, or one per prompt")
-        checked: dict[int, SamplingParams] = {}  # the same object for many prompts: check it once
-        return [checked.setdefault(id(p), validated(p)) for p in params]
-
     # ---- public API ----------------------------------------------------------------
 
     async def model_info(self) -> ModelInfo:
@@ -275,7 +256,7 @@ class AsyncClient:
         RequestOutput.raise_for_error) and the others complete as usual.
         """
         self._ensure_reader()
-        params_of = self._params_per_prompt(params, len(prompts))
+        params_of = params_per_prompt(params, len(prompts))
         if any(p.stop for p in params_of):
             await self.text_codec()  # stop strings are matched on text
         elif any(isinstance(p, str) for p in prompts):

@@ -6,7 +6,6 @@ produced its tokens. Served by prometheus_client's HTTP server on a thread of it
 scrape never waits for the step loop; the queue gauges are read from the service at scrape time.
 """
 import logging
-import time
 from collections.abc import Callable
 
 from prometheus_client import start_http_server

@@ -106,6 +106,21 @@ def test_stop_strings_cut_the_output_and_abort_the_request(api, cluster):
     assert aborts - aborts_before == 3
 
 
+def test_curl_gets_server_sent_events_that_end_with_done(cluster):
+    status, body = post_json(cluster.base_url + "/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+                              "stream_options": {"include_usage": True}, "ignore_eos": True})
+    events = sse_events(body)
+    assert status == 200 and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert {(c["object"], c["id"]) for c in chunks} == {("chat.completion.chunk", chunks[0]["id"])}
+    status, body = post_json(cluster.base_url + "/v1/completions", {"prompt": [5, 6], "max_tokens": 3})
+    assert status == 200 and json.loads(body)["choices"][0]["text"] is not None
+
+
 def test_completion_logprobs(api):
     r = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, logprobs=2, **GREEDY)
     lp, text = r.choices[0].logprobs, r.choices[0].text
