@@ -226,7 +226,7 @@ def test_overloaded_gateway_answers_503_at_once(cluster):
         time.sleep(0.05)
 
 
-def test_client_that_disconnects_mid_stream_aborts_its_request(cluster):
+def test_a_client_that_disconnects_aborts_its_request(cluster):
     abort_key = ("stepserve:request_success_total", (("finished_reason", "abort"),))
     before = scheduler_metrics(cluster).get(abort_key, 0)
     conn = _open_stream(cluster.base_url, {"prompt": [7, 8, 9], "max_tokens": 250, "ignore_eos": True})
@@ -238,6 +238,18 @@ def test_client_that_disconnects_mid_stream_aborts_its_request(cluster):
         time.sleep(0.05)
     samples = scheduler_metrics(cluster)
     assert samples[abort_key] == before + 1 and samples[("stepserve:num_requests_running", ())] == 0
+    # Not streamed: the client gives up waiting for the whole body.
+    url = urlparse(cluster.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [7, 8], "max_tokens": 250, "ignore_eos": True}),
+                 {"Content-Type": "application/json"})
+    while scheduler_metrics(cluster)[("stepserve:num_requests_running", ())] == 0:
+        assert time.monotonic() < deadline, "the request never ran"
+    conn.close()
+    while scheduler_metrics(cluster)[abort_key] == before + 1:
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.05)
+    assert scheduler_metrics(cluster)[abort_key] == before + 2
 
 
 async def test_200_concurrent_streams_complete_with_every_token_in_order(cluster, reference):
