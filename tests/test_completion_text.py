@@ -76,3 +76,13 @@ def test_chat_templates_render_with_transformers_extras():
     assert rendered == '"a\\nü"</s>'  # parts joined, tojson keeps non-ASCII as transformers' does
     with pytest.raises(ChatTemplateError, match="no bad roles"):
         render_chat(template, [{"role": "bad", "content": "x"}], {})
+
+
+def test_the_sdk_and_the_gateway_import_no_torch():
+    """A client install (and a gateway host) need no torch."""
+    import subprocess
+    import sys
+    code = ("import sys, client_sdk, client_sdk.cli, gateway_svc.app, gateway_svc.__main__, benchmarks.serving; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
