@@ -114,7 +114,12 @@ async def serve(request: Request, upstream: Upstream, job: Job, fmt: Formatter) 
         if first is GONE:
             return Response(status_code=499)
         handed_over = True
-        return EventStream(_events(job, fmt, first, deltas, upstream.release), media_type="text/event-stream")
+
+        async def close() -> None:  # whatever ends the response, exactly once
+            upstream.release()
+            await deltas.aclose()
+
+        return EventStream(_events(job, fmt, first, deltas), close, media_type="text/event-stream")
     except APIError:
         raise
     except Exception as e:
@@ -125,7 +130,7 @@ async def serve(request: Request, upstream: Upstream, job: Job, fmt: Formatter) 
             await deltas.aclose()
 
 
-async def _events(job: Job, fmt: Formatter, first, rest: AsyncIterator, release) -> AsyncIterator[bytes]:
+async def _events(job: Job, fmt: Formatter, first, rest: AsyncIterator) -> AsyncIterator[bytes]:
     num_completion_tokens = 0
     try:
         for chunk in fmt.opening_chunks(job):
@@ -142,21 +147,24 @@ async def _events(job: Job, fmt: Formatter, first, rest: AsyncIterator, release)
             yield sse(fmt.usage_chunk(job, job.usage(num_completion_tokens)))
     except Exception as e:  # after the headers: an error event, as vLLM sends
         yield sse(from_sdk_error(e).body())
-    finally:
-        release()
-        await rest.aclose()
     yield DONE
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events that close their source whatever ends the response, so the requests
-    of a client who went away are aborted at once, not when the garbage collector gets to it."""
+    """Server-sent events that run `close` whatever ends the response (done, failed, or the
+    client gone before or during the body), so the requests of a client who went away are
+    aborted at once and its admission slot comes back."""
+
+    def __init__(self, content, close, **kwargs):
+        super().__init__(content, **kwargs)
+        self._close = close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            await self._close()
 
 
 async def _unless_disconnected(request: Request, awaitable):
