@@ -12,8 +12,8 @@ class LLM:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, dtype: str | None = None,
                  load_format: str | None = None, kv_cache_gb: float | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 scheduler_args: list[str] = (), worker_args: list[str] = (), startup_timeout_s: float = 300.0,
-                 quiet: bool = True):
+                 enable_prefix_caching: bool | None = None, scheduler_args: list[str] = (),
+                 worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True):
         worker_args = list(worker_args)
         for flag, value in (("--dtype", dtype), ("--load-format", load_format), ("--kv-cache-gb", kv_cache_gb)):
             if value is not None:
@@ -22,6 +22,8 @@ class LLM:
         for flag, value in (("--max-num-seqs", max_num_seqs), ("--max-num-batched-tokens", max_num_batched_tokens)):
             if value is not None:
                 scheduler_args += [flag, str(value)]
+        if enable_prefix_caching is not None:  # None: the scheduler's default (on for attention models)
+            scheduler_args.append("--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching")
         self.cluster = LocalCluster(model, num_workers, scheduler_args=scheduler_args, worker_args=worker_args,
                                     quiet=quiet).start(startup_timeout_s)
         try:
