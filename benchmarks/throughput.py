@@ -26,7 +26,8 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--input-len", type=int, default=16)
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--prefix-len", type=int, default=0, help="a shared prefix of this many random tokens before each prompt")
+    p.add_argument("--prefix-len", type=int, default=0,
+                   help="a shared prefix of this many random tokens before each prompt's own --input-len")
     p.add_argument("--address", default=None, help="a running scheduler's frontend; else start a local one")
     p.add_argument("--window", type=int, default=None, help="bound on requests in flight (default: all at once)")
     p.add_argument("--seed", type=int, default=0)

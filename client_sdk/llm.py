@@ -23,7 +23,8 @@ class LLM:
             if value is not None:
                 scheduler_args += [flag, str(value)]
         if enable_prefix_caching is not None:  # None: the scheduler's default (on for attention models)
-            scheduler_args.append("--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching")
+            flag = "--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"
+            scheduler_args.append(flag)
         self.cluster = LocalCluster(model, num_workers, scheduler_args=scheduler_args, worker_args=worker_args,
                                     quiet=quiet).start(startup_timeout_s)
         try:

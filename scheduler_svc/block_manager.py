@@ -13,6 +13,11 @@ computes from the first miss. Only full, computed blocks are ever shared and a r
 only past its computed tokens, so no one writes into a shared block, with one exception: when
 every token is found, the last one is computed again for its logits, into a private copy of
 the last block (copy-on-write: a `blocks_to_copy` pair in the plan).
+
+Cached only once computed means requests admitted before the step computing a prefix has been
+applied compute it too (a burst of prompts sharing a prefix: the first step's worth of them).
+Blocks are never registered at planning time, so a failed step or a lost worker never leaves a
+block cached whose KV was not written; with async scheduling the rule stays in update().
 """
 from scheduler_svc.block_hash import block_hash
 from scheduler_svc.block_pool import BlockPool

@@ -128,6 +128,7 @@ class Scheduler:
         requests = [*self._running.values(), *self._swapped.values(), *self._waiting.drain()]
         for request in requests:
             request.reset_for_recompute()
+            request.block_hashes = None  # hashes are per block size, and another replica's may differ
         self._running.clear()
         self._swapped.clear()
         self._requests.clear()
