@@ -17,6 +17,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="share the KV of common prompt prefixes (default: on for attention models)")
 
 
 def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -28,6 +30,9 @@ def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         value = getattr(args, name, None)
         if value is not None:
             target += ["--" + name.replace("_", "-"), str(value)]
+    caching = getattr(args, "enable_prefix_caching", None)
+    if caching is not None:
+        scheduler.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
     return scheduler, worker
 
 
