@@ -59,10 +59,14 @@ void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
   // One work item per token, all heads together: a slot's K (or V) row holds every KV head
   // side by side, so walking the slots in order streams each block from memory once.
   const int64_t row_len = num_kv_heads * head_dim;
-  at::parallel_for(0, num_tokens, 1, [&](int64_t begin, int64_t end) {
+  // Tokens are handed out in small dynamic chunks rather than split evenly up front: on a
+  // shared host one thread is often late, and the other then takes over its share.
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
     std::vector<float> query(num_heads * head_dim), acc(num_heads * head_dim), row(row_len);
     std::vector<float> scores, max_score(num_heads), sum(num_heads);
-    for (int64_t t = begin; t < end; ++t) {
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < num_tokens; ++t) {
       const int64_t len = lens[t];
       const int64_t* table = tables + t * max_blocks;
       scores.resize(len * num_heads);
@@ -104,7 +108,7 @@ void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
         for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[head * head_dim + d] * inv);
       }
     }
-  });
+  }
 }
 
 void paged_decode_attention(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache,
