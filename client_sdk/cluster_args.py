@@ -17,6 +17,10 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run the model op by op instead of the compiled step (faster start-up)")
+    p.add_argument("--compile-cache-dir", default=None,
+                   help="where compiled graphs persist across starts (default ~/.cache/stepserve)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the KV of common prompt prefixes (default: on for attention models)")
 
@@ -26,10 +30,12 @@ def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     scheduler, worker = [], []
     for name, target in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
                          ("preemption", scheduler), ("dtype", worker), ("load_format", worker),
-                         ("kv_cache_gb", worker), ("device", worker)):
+                         ("kv_cache_gb", worker), ("device", worker), ("compile_cache_dir", worker)):
         value = getattr(args, name, None)
         if value is not None:
             target += ["--" + name.replace("_", "-"), str(value)]
+    if getattr(args, "enforce_eager", False):
+        worker.append("--enforce-eager")
     caching = getattr(args, "enable_prefix_caching", None)
     if caching is not None:
         scheduler.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")

@@ -31,7 +31,8 @@ class LLM:
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
                  load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool | None = None, scheduler_args: list[str] = (),
+                 enable_prefix_caching: bool | None = None, enforce_eager: bool = False,
+                 compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True):
         if num_workers is not None:
             warnings.warn("LLM(num_workers=...) is deprecated: use data_parallel_size (vLLM's name)",
@@ -40,9 +41,12 @@ class LLM:
         worker_args = list(worker_args)
         for flag, value in (("--dtype", dtype), ("--load-format", load_format), ("--kv-cache-gb", kv_cache_gb),
                             ("--max-model-len", max_model_len), ("--gpu-memory-utilization", gpu_memory_utilization),
-                            ("--swap-space-gb", swap_space), ("--device", device), ("--block-size", block_size)):
+                            ("--swap-space-gb", swap_space), ("--device", device), ("--block-size", block_size),
+                            ("--compile-cache-dir", compile_cache_dir)):
             if value is not None:
                 worker_args += [flag, str(value)]
+        if enforce_eager:
+            worker_args.append("--enforce-eager")
         scheduler_args = list(scheduler_args)
         for flag, value in (("--max-num-seqs", max_num_seqs), ("--max-num-batched-tokens", max_num_batched_tokens),
                             ("--block-size", block_size)):
