@@ -17,6 +17,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
+    p.add_argument("--curve-keys", default=None, metavar="DIR",
+                   help="CurveZMQ on every link, with the keys of `stepserve keys generate DIR` "
+                        "(default: $STEPSERVE_CURVE_KEYS)")
 
 
 def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -39,5 +42,5 @@ def service_address(args: argparse.Namespace) -> Iterator[str]:
         return
     scheduler, worker = cluster_args(args)
     with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
-                      tensor_parallel_size=args.tensor_parallel_size) as cluster:
+                      tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys) as cluster:
         yield cluster.address

@@ -14,7 +14,8 @@ class WorkerLost(Exception):
 
 
 class Replica:
-    def __init__(self, name: str, hello: WorkerHello, config: SchedulerConfig):
+    def __init__(self, name: str, hello: WorkerHello, config: SchedulerConfig, arrivals=None):
+        """arrivals: the service's arrival counter, shared by every core (see Scheduler)."""
         self.name = name  # the group's key: worker_id, or the TP group id
         self.hello = hello
         self.identities: dict[int, bytes] = {}  # rank -> ROUTER identity
@@ -29,7 +30,7 @@ class Replica:
         if hello.block_size != config.block_size:
             # Block ids only mean something in the worker's own block size: adopt it.
             config = dataclasses.replace(config, block_size=hello.block_size)
-        self.core = Scheduler(config, capacity)
+        self.core = Scheduler(config, capacity, arrivals)
         self.alive = True
         self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything
         self.wakeup = asyncio.Event()

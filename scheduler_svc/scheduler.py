@@ -9,6 +9,9 @@ Cost contract: schedule() and update() cost O(running + newly finished); the wai
 is only ever touched at its front, and finished requests are found from the step's results.
 One plan with scheduled requests is in flight at a time: update() it before the next schedule().
 """
+import itertools
+from collections.abc import Iterator
+
 from protocol.errors import ErrorCode
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan, StepResult
 from scheduler_svc.block_manager import BlockManager
@@ -41,7 +44,7 @@ class _Batch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity):
+    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity, arrivals: Iterator[int] | None = None):
         self.config = config
         self.capacity = capacity
         self.block_manager = BlockManager(capacity.num_gpu_blocks, capacity.num_cpu_blocks,
@@ -67,7 +70,9 @@ class Scheduler:
         self._swapped: dict[str, Request] = {}  # swap-out order; holds CPU blocks
         self._pending_finished: list[str] = []  # for the next plan's finished_ids
         self._next_step_id = 0
-        self._next_arrival = 0
+        # Numbers arrivals (priority ties break by them). The service shares one counter with
+        # its own queue and every core, so a request requeued from a dead replica never ties.
+        self._arrivals = arrivals if arrivals is not None else itertools.count()
         self._inflight: tuple[int, list[Request], list[int]] | None = None
         self.num_preemptions = 0  # for stats: how often memory pressure evicted a request
 
@@ -83,8 +88,7 @@ class Scheduler:
                 f"(max_model_len {self.capacity.max_model_len}, "
                 f"{self.capacity.num_gpu_blocks} blocks of {self.config.block_size} tokens)")
         assert request.status == WAITING and not request.block_ids, f"{request} is not new"
-        request.arrival = self._next_arrival
-        self._next_arrival += 1
+        request.arrival = next(self._arrivals)
         self._requests[request.request_id] = request
         self._waiting.push(request)
 
