@@ -1,10 +1,12 @@
-"""Micro-benchmark of one ModelRunner decode step, and of what it spends outside the forward.
+"""Micro-benchmark of one ModelRunner decode step, eager and compiled side by side.
 
-    python -m benchmarks.runner_step --model tiny-llama --batch 256 --json
+    python -m benchmarks.runner_step --model tiny-llama --batch 256 --prompt-len 24 --json
 
-`batch` requests with `prompt-len`-token prompts are prefilled first (not timed), then each of
-`steps` decode steps runs all of them. forward = model forward + LM head; sampling = the
-sampler; outside = step - forward (plan handling, input preparation, sampling, bookkeeping).
+`batch` requests with `prompt-len`-token prompts are prefilled (not timed); then the modes take
+turns, one decode step of all the requests each, for `steps` rounds (A B A B, so a noisy host
+hurts both alike), and the medians are reported per mode: the whole step, and its parts:
+prepare (input and attention-metadata preparation), forward (the model), sampling (LM head and
+sampler) and other (plan handling, bookkeeping).
 """
 import argparse
 import json
@@ -14,68 +16,90 @@ import time
 import numpy as np
 import torch
 
-import worker_svc.runner as runner_module
 from protocol.sampling import SamplingParams
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig
 
+PARTS = ("prepare", "forward", "sampling")
 
-class _Timer:
-    """Wraps a callable and sums its wall time (perf_counter) per step."""
 
-    def __init__(self, fn):
-        self.fn, self.total = fn, 0.0
+class _Timed:
+    """Wraps a bound method and sums its wall time into totals[part]."""
+
+    def __init__(self, fn, totals: dict, part: str):
+        self.fn, self.totals, self.part = fn, totals, part
 
     def __call__(self, *args, **kwargs):
         start = time.perf_counter()
         out = self.fn(*args, **kwargs)
-        self.total += time.perf_counter() - start
+        self.totals[self.part] += time.perf_counter() - start
         return out
+
+
+class _Mode:
+    """One runner and its requests, prefilled, with its parts timed."""
+
+    def __init__(self, args, enforce_eager: bool):
+        block_size = 16
+        blocks_per_request = -(-(args.prompt_len + args.steps + 1) // block_size)
+        self.runner = ModelRunner(RunnerConfig(
+            model=args.model, dtype=args.dtype, block_size=block_size,
+            num_gpu_blocks=args.batch * blocks_per_request, enforce_eager=enforce_eager,
+            compile_cache_dir=args.compile_cache_dir))
+        self.totals = dict.fromkeys(PARTS, 0.0)
+        runner = self.runner
+        runner._prepare = _Timed(runner._prepare, self.totals, "prepare")
+        runner.executor.forward = _Timed(runner.executor.forward, self.totals, "forward")
+        runner._sample = _Timed(runner._sample, self.totals, "sampling")
+        self.ids = [f"r{i}" for i in range(args.batch)]
+        rng = np.random.default_rng(0)
+        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True)
+        blocks = np.arange(args.batch * blocks_per_request).reshape(args.batch, -1).tolist()
+        prefill = StepPlan(step_id=0, finished_ids=[], preempted_ids=[], running_requests=[],
+                           new_requests=[NewRequestData(
+                               self.ids[i], rng.integers(4, runner.vocab_size, args.prompt_len).tolist(),
+                               args.prompt_len, params, blocks[i], 0, args.prompt_len)
+                               for i in range(args.batch)])
+        assert runner.execute(prefill).error is None
+        self.samples: dict[str, list[float]] = {k: [] for k in ("step", *PARTS, "other")}
+
+    def step(self, step_id: int) -> None:
+        plan = StepPlan(step_id=step_id, finished_ids=[], preempted_ids=[], new_requests=[],
+                        running_requests=[RunningRequestData(i, [], 1) for i in self.ids])
+        for part in PARTS:
+            self.totals[part] = 0.0
+        start = time.perf_counter()
+        result = self.runner.execute(plan)
+        elapsed = time.perf_counter() - start
+        assert result.error is None, result.error
+        self.samples["step"].append(elapsed * 1e3)
+        for part in PARTS:
+            self.samples[part].append(self.totals[part] * 1e3)
+        self.samples["other"].append((elapsed - sum(self.totals.values())) * 1e3)
+
+    def report(self, skip: int) -> dict:
+        med = {k: round(statistics.median(v[skip:]), 3) for k, v in self.samples.items()}
+        med["decode_tokens_per_s"] = round(len(self.ids) / (med["step"] / 1e3), 1)
+        med["warm_up_s"] = round(self.runner.warm_up_s, 1)
+        return med
 
 
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
-    block_size = 16
-    num_blocks_per_req = -(-(args.prompt_len + args.steps + 1) // block_size)
-    runner = ModelRunner(RunnerConfig(model=args.model, dtype=args.dtype, block_size=block_size,
-                                      num_gpu_blocks=args.batch * num_blocks_per_req + 1))
-    forward = runner.model.forward = _Timer(runner.model.forward)
-    logits = runner.model.compute_logits = _Timer(runner.model.compute_logits)
-    sampling = runner_module.sample = _Timer(runner_module.sample)
-    rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True)
-    ids = [f"r{i}" for i in range(args.batch)]
-    blocks = np.arange(1, args.batch * num_blocks_per_req + 1).reshape(args.batch, -1).tolist()
-    prefill = StepPlan(step_id=0, finished_ids=[], preempted_ids=[], running_requests=[],
-                       new_requests=[NewRequestData(
-                           ids[i], rng.integers(4, runner.vocab_size, args.prompt_len).tolist(),
-                           args.prompt_len, params, blocks[i], 0, args.prompt_len)
-                           for i in range(args.batch)])
-    assert runner.execute(prefill).error is None
-    step_ms, forward_ms, sample_ms = [], [], []
+    modes = {name: _Mode(args, enforce_eager=name == "eager") for name in args.modes.split(",")}
     for step in range(1, args.steps + 1):
-        plan = StepPlan(step_id=step, finished_ids=[], preempted_ids=[], new_requests=[],
-                        running_requests=[RunningRequestData(i, [], 1) for i in ids])
-        forward.total = logits.total = sampling.total = 0.0
-        start = time.perf_counter()
-        result = runner.execute(plan)
-        step_ms.append((time.perf_counter() - start) * 1e3)
-        assert result.error is None, result.error
-        forward_ms.append((forward.total + logits.total) * 1e3)
-        sample_ms.append(sampling.total * 1e3)
-    skip = min(2, args.steps - 1)  # warm-up steps (first-call allocations) are not counted
-    med = lambda xs: round(statistics.median(xs[skip:]), 3)  # noqa: E731
+        for mode in modes.values():
+            mode.step(step)
+    skip = min(2, args.steps - 1)  # first-call allocations are not counted
+    some = next(iter(modes.values())).runner
     return {
-        "config": {"model": args.model, "dtype": runner.loaded.dtype_name, "batch": args.batch,
+        "config": {"model": args.model, "dtype": some.loaded.dtype_name, "batch": args.batch,
                    "prompt_len": args.prompt_len, "steps": args.steps,
-                   "threads": torch.get_num_threads(), "device": str(runner.device),
-                   "block_size": block_size, "torch": torch.__version__},
-        "step_ms": med(step_ms), "forward_ms": med(forward_ms),
-        "outside_ms": med([s - f for s, f in zip(step_ms, forward_ms)]),
-        "sampling_ms": med(sample_ms),
-        "decode_tokens_per_s": round(args.batch / (med(step_ms) / 1e3), 1),
+                   "threads": torch.get_num_threads(), "device": str(some.device),
+                   "torch": torch.__version__},
+        **{name: mode.report(skip) for name, mode in modes.items()},
     }
 
 
@@ -85,15 +109,19 @@ def main():
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has bf16 units, else float32")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch default")
+    parser.add_argument("--compile-cache-dir", default=None)
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
     args = parser.parse_args()
     report = run(args)
     print("config: " + " ".join(f"{k}={v}" for k, v in report["config"].items()))
-    print(f"decode step (median): {report['step_ms']} ms = forward {report['forward_ms']} ms "
-          f"+ outside {report['outside_ms']} ms (of which sampling {report['sampling_ms']} ms)")
-    print(f"decode throughput: {report['decode_tokens_per_s']} tokens/s")
+    for name in args.modes.split(","):
+        r = report[name]
+        print(f"{name:>8}: step {r['step']} ms = prepare {r['prepare']} + forward {r['forward']} "
+              f"+ sampling {r['sampling']} + other {r['other']}  ({r['decode_tokens_per_s']} tokens/s, "
+              f"warm-up {r['warm_up_s']} s)")
     if args.json:
         print(json.dumps(report))
 

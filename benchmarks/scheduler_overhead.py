@@ -5,6 +5,11 @@ waiting queue is held at N (each finished request is replaced, outside the timed
 and the same number of steady-state steps with a full running batch is timed for every size.
 
     python -m benchmarks.scheduler_overhead --sizes 1000,10000,100000,1000000 --json
+    python -m benchmarks.scheduler_overhead --sizes 1000,1000000 --enable-prefix-caching [--prefix-len 64]
+
+With --enable-prefix-caching the core hashes, looks up and registers blocks as it would serve;
+--prefix-len N puts a shared prefix of N tokens before each prompt, so lookups hit and blocks
+are shared (the prompt's own --input-len tokens differ, so its last blocks miss).
 """
 import argparse
 import gc
@@ -50,19 +55,20 @@ class Workload:
         self.params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
         rng = random.Random(0)
         self.token_pool = [rng.randrange(32000) for _ in range(4096 + args.input_len)]
+        self.prefix = [rng.randrange(32000) for _ in range(args.prefix_len)]
         self.next_id = 0
 
     def new_request(self) -> Request:
         i = self.next_id
         self.next_id += 1
         start = i % 4096
-        return Request(f"req-{i}", self.token_pool[start:start + self.args.input_len], self.params)
+        return Request(f"req-{i}", self.prefix + self.token_pool[start:start + self.args.input_len], self.params)
 
 
 def run_size(num_waiting: int, args) -> dict:
     config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                             block_size=args.block_size)
-    blocks_per_request = -(-(args.input_len + args.output_len) // args.block_size)
+                             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching)
+    blocks_per_request = -(-(args.prefix_len + args.input_len + args.output_len) // args.block_size)
     capacity = WorkerCapacity(num_gpu_blocks=args.max_num_seqs * blocks_per_request * 2,
                               max_model_len=2048, eos_token_ids=(2,))
     scheduler = Scheduler(config, capacity)
@@ -106,6 +112,8 @@ def run_size(num_waiting: int, args) -> dict:
         "bytes_per_waiting": round(bytes_per_waiting),
         "peak_rss_mb": round(_peak_rss_mb(), 1),
         "gc_tuning": not args.no_gc_tuning,
+        "prefix_caching": args.enable_prefix_caching,
+        "prefix_cache_hit_tokens": scheduler.block_manager.num_prefix_cache_hits,
     }
     del scheduler, workload
     gc.unfreeze()
@@ -124,6 +132,8 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--no-gc-tuning", action="store_true")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--prefix-len", type=int, default=0, help="a shared prefix before each prompt")
     parser.add_argument("--json", action="store_true", help="one JSON object per size, then the table")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -136,7 +146,8 @@ def main() -> None:
     print(f"\nscheduler core overhead: {args.input_len}-token prompts, {args.output_len} output tokens, "
           f"ignore_eos, max_num_seqs {args.max_num_seqs}, max_num_batched_tokens "
           f"{args.max_num_batched_tokens}, block_size {args.block_size}, {args.steps} timed steps "
-          f"after {args.warmup_steps} warm-up, gc tuning {'off' if args.no_gc_tuning else 'on'}")
+          f"after {args.warmup_steps} warm-up, gc tuning {'off' if args.no_gc_tuning else 'on'}, "
+          f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, shared prefix {args.prefix_len}")
     print(f"{'waiting':>10} {'us/step':>9} {'mean':>9} {'p99':>9} {'us/token':>9} {'tok/step':>9} "
           f"{'B/waiting':>10} {'peak RSS MB':>12}")
     for r in rows:

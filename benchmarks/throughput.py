@@ -4,6 +4,10 @@ generation phase only (start-up and a small warm-up excluded).
 
     stepserve bench throughput --model tiny-llama --num-prompts 10000 --input-len 16 --output-len 16 --json
     python -m benchmarks.throughput ...   (the same)
+
+--prefix-len N puts one shared prefix of N random tokens before every prompt's own --input-len
+tokens (a system prompt, few-shot examples), the workload prefix caching is for. The warm-up
+prompts are drawn apart from the timed ones, so the cache starts cold for the timed prompts.
 """
 import argparse
 import asyncio
@@ -22,18 +26,26 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--input-len", type=int, default=16)
     p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--prefix-len", type=int, default=0,
+                   help="a shared prefix of this many random tokens before each prompt's own --input-len")
     p.add_argument("--address", default=None, help="a running scheduler's frontend; else start a local one")
     p.add_argument("--window", type=int, default=None, help="bound on requests in flight (default: all at once)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int, avoid: set[int]) -> list[list[int]]:
+def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int, avoid: set[int],
+                   prefix_len: int = 0) -> list[list[int]]:
+    """Random token ids; with prefix_len, one shared random prefix before each prompt's own."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab_size, size=(num_prompts, input_len))
+    prefix = rng.integers(0, vocab_size, size=prefix_len)
     for special in avoid:  # keep special tokens (bos/eos/pad) out of the prompts
-        ids[ids == special] = (special + 7) % vocab_size if (special + 7) % vocab_size not in avoid else 4
-    return ids.tolist()
+        replacement = (special + 7) % vocab_size if (special + 7) % vocab_size not in avoid else 4
+        ids[ids == special] = replacement
+        prefix[prefix == special] = replacement
+    prefix = prefix.tolist()
+    return [prefix + row for row in ids.tolist()]
 
 
 async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
@@ -41,9 +53,12 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     await client.wait_for_workers(num_workers, timeout_s=600)
     info = await client.model_info()
     avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
-    prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid)
+    prefix_len = args.prefix_len
+    prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid, prefix_len)
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    await client.generate_batch(prompts[:8], params)  # warm-up, not timed
+    warm_up = random_prompts(8, args.input_len + prefix_len, info.vocab_size, args.seed + 1_000_003, avoid)
+    await client.generate_batch(warm_up, params)  # not timed; shares no prefix with the timed prompts
+    before = await client.health()
     start = time.perf_counter()
     outputs = await client.generate_batch(prompts, params, window=args.window)
     elapsed = time.perf_counter() - start
@@ -51,12 +66,13 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     if bad:
         raise RuntimeError(f"{len(bad)} outputs with the wrong length or an error, e.g. {bad[0]}")
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    num_prompt_tokens = args.num_prompts * args.input_len
+    num_prompt_tokens = args.num_prompts * (args.input_len + prefix_len)
     health = await client.health()
     return {
         "model": info.model,
         "num_prompts": args.num_prompts,
         "input_len": args.input_len,
+        "prefix_len": prefix_len,
         "output_len": args.output_len,
         "workers": health.num_workers,
         "window": args.window,
@@ -65,6 +81,9 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
         "tokens_per_second": round((num_prompt_tokens + num_output_tokens) / elapsed, 2),
         "output_tokens_per_second": round(num_output_tokens / elapsed, 2),
         "steps_per_s": health.steps_per_s,
+        # Of the timed prompts' tokens looked up in the prefix cache, those found computed.
+        "prefix_cache_queries": health.num_prefix_cache_queries - before.num_prefix_cache_queries,
+        "prefix_cache_hits": health.num_prefix_cache_hits - before.num_prefix_cache_hits,
     }
 
 

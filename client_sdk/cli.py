@@ -92,7 +92,11 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
-    with service_address(args) as address, Client(address) as client:
+    keys = {}
+    if args.curve_keys:  # the local cluster's keys (a running service: the SDK's variables)
+        keys = {"curve_server_key": f"{args.curve_keys}/scheduler.key",
+                "curve_secret_key": f"{args.curve_keys}/client.key_secret"}
+    with service_address(args) as address, Client(address, **keys) as client:
         client.wait_for_workers(1, timeout_s=600)
         for prompt in args.prompts:
             if args.stream:

@@ -20,6 +20,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve-keys", default=None, metavar="DIR",
                    help="CurveZMQ on every link, with the keys of `stepserve keys generate DIR` "
                         "(default: $STEPSERVE_CURVE_KEYS)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="share the KV of common prompt prefixes (default: on for attention models)")
 
 
 def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -31,6 +33,9 @@ def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         value = getattr(args, name, None)
         if value is not None:
             target += ["--" + name.replace("_", "-"), str(value)]
+    caching = getattr(args, "enable_prefix_caching", None)
+    if caching is not None:
+        scheduler.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
     return scheduler, worker
 
 

@@ -38,8 +38,9 @@ class LLM:
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
                  load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 scheduler_args: list[str] = (), worker_args: list[str] = (), startup_timeout_s: float = 300.0,
-                 quiet: bool = True, curve_server_key: str | None = None, curve_secret_key: str | None = None):
+                 enable_prefix_caching: bool | None = None, scheduler_args: list[str] = (),
+                 worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
+                 curve_server_key: str | None = None, curve_secret_key: str | None = None):
         if num_workers is not None:
             warnings.warn("LLM(num_workers=...) is deprecated: use data_parallel_size (vLLM's name)",
                           DeprecationWarning, stacklevel=2)
@@ -57,6 +58,9 @@ class LLM:
                 scheduler_args += [flag, str(value)]
         if swap_space:
             scheduler_args += ["--preemption", "swap"]
+        if enable_prefix_caching is not None:  # None: the scheduler's default (on for attention models)
+            flag = "--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"
+            scheduler_args.append(flag)
         self._seeds = random.Random(seed) if seed is not None else None
         server_key = curve_server_key or os.environ.get(SERVER_KEY_ENV)
         keys_dir = os.path.dirname(os.path.abspath(server_key)) if server_key else os.environ.get(KEYS_DIR_ENV)

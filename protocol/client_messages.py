@@ -124,6 +124,11 @@ class Health(Message, tag=True):
     worker_state_slots_in_use: int = 0
     replicas: list[ReplicaHealth] = []
     num_preemptions: int = 0
+    # Prefix caching, summed over replicas: device blocks known by their hash (in use or
+    # evictable), and tokens looked up on admission (queries) and found computed (hits).
+    num_cached_blocks: int = 0
+    num_prefix_cache_queries: int = 0
+    num_prefix_cache_hits: int = 0
     instance_id: str = ""  # new on every scheduler start
     draining: bool = False  # stopping: takes no new requests, finishes those it holds
 

@@ -77,8 +77,9 @@ class NewRequestData(msgspec.Struct, array_like=True, gc=False, forbid_unknown_f
 
     token_ids holds the prompt and any tokens generated before a recompute preemption; the
     worker computes token_ids[num_computed_tokens : num_computed_tokens + num_new_tokens].
-    num_computed_tokens is 0 except after a swap-in, where the KV of the first
-    num_computed_tokens tokens already lies in block_ids.
+    The KV of the first num_computed_tokens tokens already lies in block_ids: after a swap-in,
+    or where the scheduler found a prefix in its cache (those blocks may be shared with other
+    requests; the worker only reads them, it writes past num_computed_tokens).
     """
 
     request_id: str
@@ -109,7 +110,8 @@ class StepPlan(Message, tag=True):
     new_requests: list[NewRequestData]
     running_requests: list[RunningRequestData]
     # (src, dst) pairs: device block -> cpu block, cpu block -> device block, device -> device.
-    # Applied in this order, after the frees and before the forward.
+    # Applied in this order, after the frees and before the forward. A copy is copy-on-write:
+    # a request whose every token was cached gets its own copy of the shared last block.
     blocks_to_swap_out: list[tuple[int, int]] = []
     blocks_to_swap_in: list[tuple[int, int]] = []
     blocks_to_copy: list[tuple[int, int]] = []

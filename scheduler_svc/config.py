@@ -15,6 +15,9 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"  # "recompute" or "swap"; Mamba state models always recompute
     policy: str = "fcfs"  # "fcfs" or "priority" (higher priority admitted first, ties by arrival)
     enable_chunked_prefill: bool = True
+    # Share the KV of full blocks whose tokens (and all before them) equal a cached block's.
+    # Attention models only: the core turns it off where the worker holds Mamba state slots.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

@@ -16,11 +16,10 @@ def check_integrity(scheduler, waiting: list[Request], running: list[Request],
     assert len(seen) == len(requests), "a live request is in no queue"
     assert len(waiting) == scheduler.num_waiting, "waiting count drifted"
     for request in waiting:
-        assert not request.block_ids and request.num_computed_tokens == 0, f"{request} waits holding KV"
+        assert not request.block_ids and request.num_computed_tokens == 0 and request.num_cached_blocks == 0, \
+            f"{request} waits holding KV"
     block_size = scheduler.config.block_size
     for request in running:
         assert request.num_computed_tokens <= len(request.block_ids) * block_size, f"{request} lacks blocks"
     assert len(running) <= scheduler.max_num_running, "too many running"
-    manager = scheduler.block_manager
-    manager.gpu.check_integrity([b for r in running for b in r.block_ids])
-    manager.cpu.check_integrity([b for r in swapped for b in r.block_ids])
+    scheduler.block_manager.check_integrity(running, swapped, scheduler.has_plan_in_flight)

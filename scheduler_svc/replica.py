@@ -2,11 +2,14 @@
 plans its steps. Each replica has its own block pool and running batch (data parallel)."""
 import asyncio
 import dataclasses
+import logging
 import time
 
 from protocol.worker_messages import Heartbeat, StepPlan, StepResult, WorkerHello
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.scheduler import Scheduler
+
+logger = logging.getLogger("stepserve.scheduler")
 
 
 class WorkerLost(Exception):
@@ -31,6 +34,9 @@ class Replica:
             # Block ids only mean something in the worker's own block size: adopt it.
             config = dataclasses.replace(config, block_size=hello.block_size)
         self.core = Scheduler(config, capacity, arrivals)
+        if config.enable_prefix_caching and not self.core.enable_prefix_caching:
+            logger.info("replica %s: prefix caching off: %s keeps per-request state (%d state slots) "
+                        "that a cached prefix cannot restore", name, hello.model, hello.num_state_slots)
         self.alive = True
         self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything
         self.wakeup = asyncio.Event()

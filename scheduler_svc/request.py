@@ -29,7 +29,8 @@ FINISHED_STATUS = {
 class Request:
     __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "client", "stream",
                  "output_token_ids", "output_logprobs", "num_computed_tokens", "status",
-                 "finish_reason", "block_ids", "num_blocks_sent", "arrival")
+                 "finish_reason", "block_ids", "num_blocks_sent", "arrival", "block_hashes",
+                 "num_cached_blocks")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  priority: int = 0, client=None, stream: bool = False):
@@ -50,6 +51,12 @@ class Request:
         # How many of block_ids the worker already knows; the plan sends only the rest.
         self.num_blocks_sent = 0
         self.arrival = 0  # set by the scheduler; breaks priority ties in arrival order
+        # Prefix caching. Chained hashes of the full blocks of its tokens, computed lazily
+        # (scheduler_svc.block_hash); None until first needed, so a waiting request costs nothing.
+        self.block_hashes: list[bytes] | None = None
+        # How many leading blocks of block_ids the block manager has offered to the cache
+        # (found there on admission, or registered once their KV was computed).
+        self.num_cached_blocks = 0
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -58,6 +65,16 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building all_token_ids."""
+        prompt = self.prompt_token_ids
+        num_prompt = len(prompt)
+        if end <= num_prompt:
+            return prompt[start:end]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt:end - num_prompt]
+        return prompt[start:] + self.output_token_ids[:end - num_prompt]
 
     @property
     def num_prompt_tokens(self) -> int:

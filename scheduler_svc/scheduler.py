@@ -7,6 +7,8 @@ No sockets, no clocks, no torch. The service calls, in a loop:
 
 Cost contract: schedule() and update() cost O(running + newly finished); the waiting queue
 is only ever touched at its front, and finished requests are found from the step's results.
+Prefix caching adds O(blocks of the request) where a request is admitted (lookup) and where a
+block of it fills up (registration), never a scan (scheduler_svc/block_manager.py).
 One plan with scheduled requests is in flight at a time: update() it before the next schedule().
 """
 import itertools
@@ -30,7 +32,7 @@ class _Batch:
     """What one schedule() call has decided so far."""
 
     __slots__ = ("token_budget", "new_requests", "new_scheduled", "running_requests",
-                 "running_scheduled", "preempted_ids", "swap_out", "swap_in")
+                 "running_scheduled", "preempted_ids", "swap_out", "swap_in", "copies")
 
     def __init__(self, token_budget: int):
         self.token_budget = token_budget
@@ -41,14 +43,17 @@ class _Batch:
         self.preempted_ids: list[str] = []
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
+        self.copies: list[tuple[int, int]] = []  # copy-on-write of a fully cached last block
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity, arrivals: Iterator[int] | None = None):
         self.config = config
         self.capacity = capacity
+        # A state model's request cannot start mid-prompt without the Mamba state at that point.
+        self.enable_prefix_caching = config.enable_prefix_caching and capacity.num_state_slots == 0
         self.block_manager = BlockManager(capacity.num_gpu_blocks, capacity.num_cpu_blocks,
-                                          config.block_size)
+                                          config.block_size, self.enable_prefix_caching)
         # Longest a request may grow: the model's limit, what the whole pool holds (so one
         # request alone always fits and preemption cannot livelock), and without chunked
         # prefill one step's budget (a recomputed request must prefill in one step).
@@ -123,9 +128,11 @@ class Scheduler:
             self.block_manager.free(request)
         for request in self._swapped.values():
             self.block_manager.free(request, on_cpu=True)
+        self.block_manager.drop_cache()  # the KV it named was the dead worker's
         requests = [*self._running.values(), *self._swapped.values(), *self._waiting.drain()]
         for request in requests:
             request.reset_for_recompute()
+            request.block_hashes = None  # hashes are per block size, and another replica's may differ
         self._running.clear()
         self._swapped.clear()
         self._requests.clear()
@@ -153,7 +160,8 @@ class Scheduler:
         plan = StepPlan(step_id=self._next_step_id, finished_ids=finished_ids,
                         preempted_ids=batch.preempted_ids, new_requests=batch.new_requests,
                         running_requests=batch.running_requests,
-                        blocks_to_swap_out=batch.swap_out, blocks_to_swap_in=batch.swap_in)
+                        blocks_to_swap_out=batch.swap_out, blocks_to_swap_in=batch.swap_in,
+                        blocks_to_copy=batch.copies)
         self._next_step_id += 1
         if scheduled:
             num_new_tokens = [d.num_new_tokens for d in batch.new_requests]
@@ -205,7 +213,7 @@ class Scheduler:
     def _schedule_swapped(self, batch: _Batch) -> None:
         swapped_in = []
         for request in self._swapped.values():
-            num_new = self._num_new_tokens(request, batch)
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, batch)
             if (num_new == 0 or len(self._running) + len(swapped_in) >= self.max_num_running
                     or not self.block_manager.can_swap_in(request, request.num_computed_tokens + num_new)):
                 break
@@ -218,22 +226,26 @@ class Scheduler:
             self._running[request.request_id] = request
 
     def _schedule_waiting(self, batch: _Batch) -> None:
-        waiting = self._waiting
+        waiting, block_manager = self._waiting, self.block_manager
         while len(self._running) < self.max_num_running:
             request = waiting.peek()
             if request is None:
                 break
-            num_new = self._num_new_tokens(request, batch)
-            if num_new == 0 or not self.block_manager.can_allocate(request, num_new):
+            prefix = block_manager.find_cached_prefix(request)
+            num_computed = prefix.num_computed_tokens
+            num_new = self._num_new_tokens(request, num_computed, batch)
+            if num_new == 0 or not block_manager.can_admit(request, prefix, num_computed + num_new):
                 break  # strictly in order: a big head request is not overtaken
             waiting.pop()
-            self.block_manager.allocate(request, num_new)
+            batch.copies += block_manager.admit(request, prefix, num_computed + num_new)
+            request.num_computed_tokens = num_computed  # the KV of the prefix found is there
             self._running[request.request_id] = request
             self._start(request, num_new, batch)
 
-    def _num_new_tokens(self, request: Request, batch: _Batch) -> int:
-        """Tokens to compute for a request entering the batch; 0 if it does not fit the budget."""
-        num_new = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, request: Request, num_computed: int, batch: _Batch) -> int:
+        """Tokens to compute for a request entering the batch with num_computed tokens' KV in
+        place; 0 if it does not fit the budget."""
+        num_new = request.num_tokens - num_computed
         if num_new <= batch.token_budget:
             return num_new
         return batch.token_budget if self.config.enable_chunked_prefill else 0
@@ -257,22 +269,27 @@ class Scheduler:
             raise ValueError(f"result of step {result.step_id} for plan {plan.step_id}")
         _, scheduled, num_new_tokens = self._inflight
         self._inflight = None
+        self.block_manager.release_copy_sources()  # the worker copied them before its forward
         sampled = result.sampled_token_ids
         if result.error is not None or len(sampled) != len(scheduled):
             return self._fail(scheduled)
         logprobs = result.logprobs
         eos_token_ids, max_len = self._eos_token_ids, self.max_len
+        cache_computed_blocks = self.block_manager.cache_computed_blocks
         updates = []
         for i, request in enumerate(scheduled):
             if request.status != RUNNING:
                 continue  # aborted while the step ran: already finished and freed
             request.num_computed_tokens += num_new_tokens[i]
             if request.num_computed_tokens < request.num_tokens:
+                cache_computed_blocks(request)
                 continue  # a prefill chunk short of the end: no token (the worker sent -1)
             token_id = sampled[i]
             if token_id < 0:
                 updates.append(self._fail_one(request))
                 continue
+            # Its KV is computed now (this step was applied): full blocks become cacheable.
+            cache_computed_blocks(request)
             request.output_token_ids.append(token_id)
             new_logprobs = None
             if request.output_logprobs is not None and logprobs is not None and logprobs[i] is not None:
@@ -322,6 +339,10 @@ class Scheduler:
     @property
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
+
+    @property
+    def has_plan_in_flight(self) -> bool:
+        return self._inflight is not None
 
     @property
     def has_pending_ids(self) -> bool:

@@ -26,6 +26,7 @@ def steps_per_second(step_times: Sequence[float]) -> float:
 
 def health(replicas: list[Replica], num_pending: int, step_times: Sequence[float], num_finished: int) -> Health:
     cores = [r.core for r in replicas]
+    block_managers = [c.block_manager for c in cores]
     # Rank 0 speaks for its group: every rank holds the same requests.
     beats = [r.last_heartbeat[r.worker_ids[0]] for r in replicas if r.worker_ids.get(0) in r.last_heartbeat]
     return Health(
@@ -46,4 +47,7 @@ def health(replicas: list[Replica], num_pending: int, step_times: Sequence[float
                                 r.core.num_swapped, r.core.num_free_blocks, r.core.num_total_blocks)
                   for r in replicas],
         num_preemptions=sum(c.num_preemptions for c in cores),
+        num_cached_blocks=sum(b.num_cached_blocks for b in block_managers),
+        num_prefix_cache_queries=sum(b.num_prefix_cache_queries for b in block_managers),
+        num_prefix_cache_hits=sum(b.num_prefix_cache_hits for b in block_managers),
     )

@@ -3,8 +3,16 @@
 It keeps what a real worker keeps between steps (token ids, computed count, block table) and
 asserts the plan is consistent with that: new requests are unknown to it, running ones known,
 block tables only grow, nothing computes past its tokens or its blocks.
+
+It also mirrors the KV cache's contents: each slot of each block (device and CPU) holds what
+the real KV there is a function of, the token ids up to and including that position. Swaps and
+copies move the mirror as the worker moves the KV. Every computation then checks that the
+context it reads (cached prefix, swapped-in blocks, earlier chunks) holds its own tokens, and
+that it writes only into blocks no other request holds: a block handed out with the wrong
+contents, or freed while another request still reads it, fails at once.
 """
 import random
+from collections import defaultdict
 
 from protocol.worker_messages import StepPlan, StepResult
 
@@ -25,32 +33,73 @@ class FakeWorker:
         self.rng = random.Random(seed)
         self.requests: dict[str, WorkerRequest] = {}
         self.next_tokens: dict[str, int] = {}  # forced tokens for the next step, by id
+        self.kv: dict[int, list] = {}  # device block -> per slot: tuple(token_ids[:pos + 1]) or None
+        self.cpu_kv: dict[int, list] = {}
+        self.holders: dict[int, set[str]] = defaultdict(set)  # device block -> requests holding it
+        self.num_cached_tokens_read = 0  # context tokens a new request found already computed
 
     def run(self, plan: StepPlan) -> StepResult:
         for request_id in plan.finished_ids:
-            self.requests.pop(request_id, None)  # unknown ids are ignored
+            self._forget(request_id)  # unknown ids are ignored
         for request_id in plan.preempted_ids:
             assert request_id in self.requests, f"preempted {request_id} is unknown to the worker"
-            del self.requests[request_id]
-        for pairs in (plan.blocks_to_swap_out, plan.blocks_to_swap_in):
-            assert len({src for src, _ in pairs}) == len(pairs) and len({dst for _, dst in pairs}) == len(pairs)
+            self._forget(request_id)
+        # A device block shared by several requests is a source once per request that swaps
+        # out or copies it; a CPU block belongs to one request; no block is written twice.
+        for pairs in (plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy):
+            assert len({dst for _, dst in pairs}) == len(pairs), "a block is written twice"
+        assert len({src for src, _ in plan.blocks_to_swap_in}) == len(plan.blocks_to_swap_in)
+        self._move(self.kv, self.cpu_kv, plan.blocks_to_swap_out)
+        self._move(self.cpu_kv, self.kv, plan.blocks_to_swap_in)
+        self._move(self.kv, self.kv, plan.blocks_to_copy)
         sampled = []
         for data in plan.new_requests:
             assert data.request_id not in self.requests, f"{data.request_id} sent as new twice"
             request = WorkerRequest(data.token_ids, data.num_computed_tokens, data.block_ids)
             self.requests[data.request_id] = request
+            self._hold(data.request_id, data.block_ids)
+            if data.num_computed_tokens and not plan.blocks_to_swap_in:
+                self.num_cached_tokens_read += data.num_computed_tokens
             sampled.append(self._compute(data.request_id, request, data.num_new_tokens))
         for data in plan.running_requests:
             request = self.requests[data.request_id]
             request.block_ids += data.new_block_ids
+            self._hold(data.request_id, data.new_block_ids)
             sampled.append(self._compute(data.request_id, request, data.num_new_tokens))
         return StepResult(step_id=plan.step_id, sampled_token_ids=sampled)
 
+    def _forget(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            for block_id in request.block_ids:
+                self.holders[block_id].discard(request_id)
+
+    def _hold(self, request_id: str, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            self.holders[block_id].add(request_id)
+
+    def _move(self, src: dict, dst: dict, pairs) -> None:
+        for src_block, dst_block in pairs:
+            if dst is self.kv:
+                assert not self.holders[dst_block], f"block {dst_block} overwritten while held"
+            dst[dst_block] = list(src.get(src_block) or [None] * self.block_size)
+
     def _compute(self, request_id: str, request: WorkerRequest, num_new: int) -> int:
         assert num_new > 0
-        end = request.num_computed_tokens + num_new
+        start = request.num_computed_tokens
+        end = start + num_new
         assert end <= len(request.token_ids), "computes past its tokens"
         assert end <= len(request.block_ids) * self.block_size, "computes past its blocks"
+        block_size, tokens = self.block_size, request.token_ids
+        for pos in range(start, end):  # write this step's KV
+            block_id = request.block_ids[pos // block_size]
+            assert self.holders[block_id] == {request_id}, \
+                f"{request_id} writes into block {block_id}, which {self.holders[block_id]} also hold"
+            self.kv.setdefault(block_id, [None] * block_size)[pos % block_size] = tuple(tokens[:pos + 1])
+        for pos in range(end):  # attention reads the whole context
+            slots = self.kv.get(request.block_ids[pos // block_size])
+            assert slots is not None and slots[pos % block_size] == tuple(tokens[:pos + 1]), \
+                f"{request_id} reads KV of other tokens at position {pos}"
         request.num_computed_tokens = end
         if end < len(request.token_ids):
             return -1  # a prefill chunk short of the end

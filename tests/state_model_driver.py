@@ -1,4 +1,5 @@
-"""Test tool: drives a model with hand-built ForwardBatch + ModelCaches, standing in for the runner.
+"""Test tool: drives a model with hand-built steps (token ids, positions and a forward context
+built by the runner's own builders), standing in for the runner.
 
 It keeps what the runner keeps per request (tokens, computed count, KV blocks, state slot),
 staggers request arrivals and chunks prompts, so its steps mix first prefill chunks, later
@@ -8,11 +9,25 @@ num_computed_tokens == 0 produces wrong tokens.
 """
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from worker_svc.forward_batch import ForwardBatch
+from worker_svc.attention import build_attention_metadata
+from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.models.base import ModelCaches
+from worker_svc.models.state_layout import StateLayout
 from worker_svc.state_slots import StateSlotPool
+
+
+@dataclass
+class DriverStep:
+    """One forward: packed tokens, decodes first (the layout attention.py expects)."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    context: ForwardContext
+    spans: list[slice]  # token span of each schedule entry, in schedule order
+    logits_indices: torch.Tensor  # [S] last token of each sampling entry, in schedule order
 
 
 @dataclass
@@ -63,17 +78,23 @@ class StateModelDriver:
 
     def step(self, schedule: list[tuple[str, int]]) -> None:
         """Run one forward over (request_id, num_new_tokens) pairs; append sampled tokens."""
-        batch, sampled_ids = self.build_batch(schedule)
-        hidden = self.model.forward(batch, self.caches)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [S, vocab]
+        step, sampled_ids = self.build_batch(schedule)
+        hidden = self.forward(step)  # [T, hidden]
+        logits = self.model.compute_logits(hidden[step.logits_indices])  # [S, vocab]
         for rid, token in zip(sampled_ids, logits.argmax(dim=-1).tolist()):
             self.seqs[rid].tokens.append(token)
 
-    def build_batch(self, schedule: list[tuple[str, int]]) -> tuple[ForwardBatch, list[str]]:
-        """The ForwardBatch of one step, and the ids that sample; advances num_computed."""
-        input_ids, positions, slot_mapping, logits_indices, sampled_ids = [], [], [], [], []
+    def forward(self, step: DriverStep) -> torch.Tensor:
+        with forward_context(step.context):
+            return self.model(step.input_ids, step.positions)
+
+    def build_batch(self, schedule: list[tuple[str, int]]) -> tuple[DriverStep, list[str]]:
+        """The step for `schedule`, and the ids that sample; advances num_computed."""
+        order = sorted(range(len(schedule)), key=lambda i: schedule[i][1] != 1)  # decodes first
+        input_ids, positions, slot_mapping, ends, sampled_ids = [], [], [], {}, []
         query_lens, computed, kinds = [], [], set()
-        for rid, num_new in schedule:
+        for i in order:
+            rid, num_new = schedule[i]
             seq = self.seqs[rid]
             start, end = seq.num_computed, seq.num_computed + num_new
             assert end <= len(seq.tokens), f"{rid}: scheduled past its tokens"
@@ -85,30 +106,34 @@ class StateModelDriver:
             positions += range(start, end)
             slot_mapping += [seq.blocks[p // self.block_size] * self.block_size
                              + p % self.block_size for p in range(start, end)]
-            if end == len(seq.tokens):  # reached its last token: sample the next one
-                logits_indices.append(len(input_ids) - 1)
-                sampled_ids.append(rid)
+            ends[i] = len(input_ids)
             query_lens.append(num_new)
             computed.append(start)
             seq.num_computed = end
         self.step_kinds.append(kinds)
-        seqs = [self.seqs[rid] for rid, _ in schedule]
+        spans = [slice(ends[i] - schedule[i][1], ends[i]) for i in range(len(schedule))]
+        logits_indices = []
+        for i, (rid, _) in enumerate(schedule):
+            if self.seqs[rid].num_computed == len(self.seqs[rid].tokens):  # sample the next one
+                logits_indices.append(spans[i].stop - 1)
+                sampled_ids.append(rid)
+        seqs = [self.seqs[schedule[i][0]] for i in order]
         max_blocks = max(len(s.blocks) for s in seqs)
-        i64 = dict(dtype=torch.int64)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids, **i64),
-            positions=torch.tensor(positions, **i64),
-            query_start_loc=torch.tensor([0] + query_lens, **i64).cumsum(0),
-            query_lens=query_lens,
-            context_lens=torch.tensor([c + n for c, n in zip(computed, query_lens)], **i64),
-            num_computed_tokens=computed,
-            slot_mapping=torch.tensor(slot_mapping, **i64),
-            block_tables=torch.tensor([s.blocks + [0] * (max_blocks - len(s.blocks))
-                                       for s in seqs], **i64),
-            logits_indices=torch.tensor(logits_indices, **i64),
-            state_slots=torch.tensor([s.slot for s in seqs], **i64),
-        )
-        return batch, sampled_ids
+        i64 = np.int64
+        query_lens, computed = np.array(query_lens, dtype=i64), np.array(computed, dtype=i64)
+        context = ForwardContext(caches=self.caches)
+        if self.caches.kv:
+            tables = np.array([s.blocks + [0] * (max_blocks - len(s.blocks)) for s in seqs], dtype=i64)
+            context.attn_metadata = build_attention_metadata(
+                query_lens, computed, tables, np.array(slot_mapping, dtype=i64), self.block_size,
+                torch.device("cpu"))
+        if self.caches.conv:
+            context.state_layout = StateLayout.build(
+                query_lens, computed, np.array([s.slot for s in seqs], dtype=i64), torch.device("cpu"))
+        step = DriverStep(torch.tensor(input_ids, dtype=torch.int64),
+                          torch.tensor(positions, dtype=torch.int64), context, spans,
+                          torch.tensor(logits_indices, dtype=torch.int64))
+        return step, sampled_ids
 
     # ---- a tiny scheduler --------------------------------------------------------------
 

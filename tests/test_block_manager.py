@@ -78,7 +78,7 @@ def test_integrity_check_catches_leaks_and_double_ownership():
     pool.check_integrity(a)
     with pytest.raises(AssertionError, match="leak"):
         pool.check_integrity(a[:1])  # a block neither free nor owned
-    with pytest.raises(AssertionError, match="owned twice"):
-        pool.check_integrity(a + a[:1])
+    with pytest.raises(AssertionError, match="ref count wrong"):
+        pool.check_integrity(a + a[:1])  # owned twice, referenced once
     with pytest.raises(AssertionError):
         pool.check_integrity(a + [2])  # owned but on the free list

@@ -17,7 +17,7 @@ def pids(pattern: str) -> list[str]:
 
 def test_bench_throughput_prints_vllm_line_and_json():
     out = subprocess.run([*STEPSERVE, "bench", "throughput", *SMALL, "--num-prompts", "300", "--input-len", "8",
-                          "--output-len", "4", "--json"], capture_output=True, text=True, timeout=300)
+                          "--output-len", "4", "--prefix-len", "32", "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-2].startswith("Throughput: ") and "requests/s" in lines[-2] and "output tokens/s" in lines[-2]
@@ -25,6 +25,10 @@ def test_bench_throughput_prints_vllm_line_and_json():
     assert result["num_prompts"] == 300 and result["requests_per_second"] > 0
     assert result["tokens_per_second"] > result["output_tokens_per_second"] > 0
     assert result["config"]["model"] == "micro-llama"
+    # Each prompt is the shared 32 tokens (two blocks), then 8 of its own. Those admitted in the
+    # first step (8192 // 40 = 204) compute the prefix themselves; it is cached after that step.
+    assert result["prefix_len"] == 32 and result["prefix_cache_queries"] == 300 * 40
+    assert result["prefix_cache_hits"] >= 50 * 32 and result["prefix_cache_hits"] % 32 == 0
 
 
 def test_generate_prints_a_completion():
@@ -54,3 +58,19 @@ def test_up_serves_until_ctrl_c_then_stops_everything():
             proc.kill()
     # The scheduler and the worker ran in their own sessions; none may outlive `up`.
     assert not pids(f"scheduler_svc .*127.0.0.1:{workers}") and not pids(f"worker_svc .*127.0.0.1:{workers}")
+
+
+def test_prefix_caching_flags_reach_the_scheduler():
+    import argparse
+
+    from client_sdk.cluster_args import add_cluster_flags, cluster_args
+    from scheduler_svc.__main__ import parse_args
+
+    parser = argparse.ArgumentParser()
+    add_cluster_flags(parser)
+    assert "--enable-prefix-caching" not in cluster_args(parser.parse_args([]))[0]  # the scheduler's default
+    for flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+        scheduler_argv = cluster_args(parser.parse_args([flag]))[0]
+        assert scheduler_argv == [flag]
+        assert parse_args(scheduler_argv).enable_prefix_caching == (flag == "--enable-prefix-caching")
+    assert parse_args([]).enable_prefix_caching is True

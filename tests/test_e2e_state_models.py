@@ -54,6 +54,7 @@ async def test_random_aborts_and_preemption_leak_nothing(model):
             assert health.num_preemptions > 0, "the tiny KV pool must force preemption"
             assert health.num_free_blocks == health.num_total_blocks
             assert health.num_free_state_slots == health.num_total_state_slots
+            assert health.num_prefix_cache_queries == 0 and health.num_cached_blocks == 0  # off for state
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:  # the worker's own view arrives with its heartbeat
                 health = await client.health()

@@ -79,16 +79,16 @@ def test_dense_variant_logits_match_transformers(tmp_path):
         driver.add(rid, tokens[:-1])  # the last token goes in as a decode step
     rows = {"r0": [], "r1": []}
     for schedule in ([("r0", 5), ("r1", 3)], [("r0", 3), ("r1", 2)]):
-        batch, _ = driver.build_batch(schedule)
-        logits = model.compute_logits(model.forward(batch, driver.caches))  # [T, vocab]
+        step, _ = driver.build_batch(schedule)
+        logits = model.compute_logits(driver.forward(step))  # [T, vocab]
         for i, (rid, _) in enumerate(schedule):
-            rows[rid].append(logits[batch.query_start_loc[i]:batch.query_start_loc[i + 1]])
+            rows[rid].append(logits[step.spans[i]])
     for rid, tokens in prompts.items():
         driver.seqs[rid].tokens.append(tokens[-1])
-    batch, _ = driver.build_batch([("r1", 1), ("r0", 1)])
-    logits = model.compute_logits(model.forward(batch, driver.caches))
-    rows["r1"].append(logits[:1])
-    rows["r0"].append(logits[1:])
+    step, _ = driver.build_batch([("r1", 1), ("r0", 1)])
+    logits = model.compute_logits(driver.forward(step))
+    rows["r1"].append(logits[step.spans[0]])
+    rows["r0"].append(logits[step.spans[1]])
     for rid, tokens in prompts.items():
         with torch.no_grad():
             ref = hf_model(torch.tensor([tokens])).logits[0]  # [len, vocab]

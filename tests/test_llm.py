@@ -20,3 +20,15 @@ def test_llm_with_an_unknown_model_fails_fast_with_the_workers_reason():
     with pytest.raises(RuntimeError) as err:
         LLM(model="no-such-model-anywhere", startup_timeout_s=120)
     assert "no-such-model-anywhere" in str(err.value)
+
+
+def test_llm_prefix_caching_on_by_default_and_off_on_request():
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = [[5] * 40 + [6], [5] * 40 + [7]]  # a shared 40-token prefix
+    outputs = {}
+    for enable in (None, False):
+        with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enable_prefix_caching=enable) as llm:
+            outputs[enable] = [o.token_ids for o in llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)]
+            health = llm.client.health()
+            assert (health.num_prefix_cache_hits > 0) == (enable is None)
+    assert outputs[None] == outputs[False]

@@ -6,13 +6,13 @@ tokens must still equal transformers' generate(do_sample=False) token for token.
 """
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.mamba_model_folders import make_mamba_folder
 from tests.state_model_driver import StateModelDriver
-from worker_svc.forward_batch import ForwardBatch
 from worker_svc.models import model_class
 from worker_svc.models.mamba import MambaForCausalLM
 from worker_svc.models.state_layout import SeqGroup, StateLayout
@@ -99,26 +99,20 @@ def test_logits_match_transformers_tied_head(tmp_path):
     driver.add("a", tokens[:9])
     logits = []
     for num in (5, 4):
-        batch, _ = driver.build_batch([("a", num)])
-        logits.append(model.compute_logits(model.forward(batch, driver.caches)))
+        step, _ = driver.build_batch([("a", num)])
+        logits.append(model.compute_logits(driver.forward(step)))
     driver.seqs["a"].tokens.append(tokens[9])
-    batch, _ = driver.build_batch([("a", 1)])
-    logits.append(model.compute_logits(model.forward(batch, driver.caches)))
+    step, _ = driver.build_batch([("a", 1)])
+    logits.append(model.compute_logits(driver.forward(step)))
     ours = torch.cat(logits)  # [10, vocab]: every hidden row, not only the sampled ones
     torch.testing.assert_close(ours, ref, atol=2e-4, rtol=1e-4)
 
 
 def test_layout_gives_decodes_their_own_single_step_group():
     """Decodes must not walk a long prefill's padded steps: one [G, 1] group for them."""
-    query_lens, computed = [1, 5, 1, 3], [7, 0, 2, 4]
-    batch = ForwardBatch(
-        input_ids=torch.zeros(10, dtype=torch.int64), positions=torch.zeros(10, dtype=torch.int64),
-        query_start_loc=torch.tensor([0, 1, 6, 7, 10]), query_lens=query_lens,
-        context_lens=torch.tensor([8, 5, 3, 7]), num_computed_tokens=computed,
-        slot_mapping=torch.zeros(10, dtype=torch.int64),
-        block_tables=torch.zeros(4, 1, dtype=torch.int64), logits_indices=torch.tensor([0, 5, 6, 9]),
-        state_slots=torch.tensor([3, 0, 2, 1]))
-    decode, prefill = StateLayout.build(batch).groups
+    query_lens, computed = np.array([1, 5, 1, 3]), np.array([7, 0, 2, 4])
+    decode, prefill = StateLayout.build(query_lens, computed, np.array([3, 0, 2, 1]),
+                                        torch.device("cpu")).groups
     assert decode.token_index.tolist() == [[0], [6]] and decode.slots.tolist() == [3, 2]
     assert decode.has_state.tolist() == [True, True]
     assert prefill.token_index.tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]

@@ -8,6 +8,7 @@ import worker_svc.runner as runner_module
 from protocol.sampling import SamplingParams
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan
 from tests.plan_player import PlanPlayer
+from worker_svc.forward_context import get_forward_context
 from worker_svc.loader import LoadedModel, load_model
 from worker_svc.models.base import CacheSpec
 from worker_svc.runner import ModelRunner
@@ -115,12 +116,16 @@ class _StateModel(torch.nn.Module):
                          conv_state_shape=(2, 3), ssm_state_shape=(1,),
                          state_dtype=torch.float32)
 
-    def forward(self, batch, caches):
-        self.seen.append(caches.ssm[0][batch.state_slots, 0].tolist())  # state before the step
-        seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs),
-                                               torch.tensor(batch.query_lens))
-        caches.ssm[0][:, 0].index_add_(0, batch.state_slots[seq_of_token], batch.input_ids.float())
-        return caches.ssm[0][batch.state_slots[seq_of_token], :]  # [T, 1]
+    def forward(self, input_ids, positions):
+        context = get_forward_context()
+        ssm = context.caches.ssm[0]
+        groups = context.state_layout.groups
+        self.seen.append(ssm[torch.cat([g.slots for g in groups]), 0].tolist())  # before the step
+        slot_of_token = torch.zeros(len(input_ids), dtype=torch.int64)
+        for g in groups:
+            slot_of_token[g.packed_index] = g.slots[:, None].expand_as(g.token_index)[g.valid]
+        ssm[:, 0].index_add_(0, slot_of_token, input_ids.float())
+        return ssm[slot_of_token, :]  # [T, 1]
 
     def compute_logits(self, hidden):
         return torch.nn.functional.one_hot(hidden[:, 0].long() % 10, 10).float()

@@ -266,7 +266,7 @@ def test_recompute_preemption_puts_the_newest_back_at_the_front():
 
 
 def test_recomputed_request_is_resent_with_its_outputs():
-    scheduler, worker = make_scheduler(num_gpu_blocks=2, block_size=2), FakeWorker(2)
+    scheduler, worker = make_scheduler(num_gpu_blocks=2, block_size=2, enable_prefix_caching=False), FakeWorker(2)
     scheduler.add_request(make_request("a", prompt_len=2, ignore_eos=True))
     scheduler.add_request(make_request("b", prompt_len=2, ignore_eos=True))
     step(scheduler, worker)

@@ -1,14 +1,19 @@
 """Random workloads against the scheduler core: adds, aborts at any moment (also mid-step),
-resubmitted ids, tiny block pools that force preemption, both preemption modes and policies.
+resubmitted ids, tiny block pools that force preemption, both preemption modes and policies,
+prefix caching on and off over prompts whose prefixes are shared, partly shared or not.
 
 Invariants checked every step: budgets; the worker's mirrored block tables equal the
-scheduler's; every finish and abort appears exactly once in the next plan's finished_ids;
-integrity (blocks and queues). At the end: every accepted request finished exactly once and
-every block is free.
+scheduler's; the mirrored KV contents (tests/scheduler_fakes.py) show every request reads its
+own tokens' KV and writes only into blocks no one else holds; every finish and abort appears
+exactly once in the next plan's finished_ids; integrity (blocks, ref counts, cache and queues).
+At the end: every accepted request finished exactly once and every block is free, with a ref
+count of zero.
 """
 import random
+from collections import Counter
 
 from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis.control import currently_in_test_context
 
 from protocol.sampling import SamplingParams
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
@@ -24,16 +29,22 @@ configs = st.builds(
     block_size=st.sampled_from([1, 2, 4]),
     num_gpu_blocks=st.integers(3, 12),
     num_cpu_blocks=st.sampled_from([0, 3, 16]),
-    num_state_slots=st.sampled_from([0, 0, 2, 5]),
+    num_state_slots=st.sampled_from([0, 0, 0, 2, 5]),
     max_model_len=st.integers(6, 48),
     max_num_seqs=st.integers(1, 8),
     max_num_batched_tokens=st.integers(2, 24),
     preemption_mode=st.sampled_from(["recompute", "swap"]),
     policy=st.sampled_from(["fcfs", "priority"]),
     enable_chunked_prefill=st.booleans(),
+    enable_prefix_caching=st.sampled_from([True, True, False]),
 )
+# add: prompt_len, max_tokens, min_tokens, priority, ignore_eos, prefix family (0: none), shared len
 adds = st.tuples(st.just("add"), st.integers(1, 14), st.integers(1, 24), st.integers(0, 3),
-                 st.integers(0, 2), st.booleans())
+                 st.integers(0, 2), st.booleans(), st.integers(0, 4), st.integers(0, 14))
+# Family 3 shares family 1's head; family 4 has family 1's tokens after a different head, so a
+# hash that forgot the blocks before it would hand out the wrong KV.
+FAMILIES = [[], list(range(30, 44)), list(range(50, 64)), [30, 31, 32, 33] + list(range(70, 80)),
+            [90, 91, 92, 93] + list(range(34, 44))]
 ops = st.lists(st.one_of(
     adds, adds, adds,
     st.tuples(st.just("abort"), st.integers(0, 30)),
@@ -56,13 +67,22 @@ class Harness:
         self.expected_finished: list[str] = []  # to appear in the next plan's finished_ids
         self.num_finish_events: dict[int, int] = {}  # id(request) -> times it finished
         self.last_step_id = -1
+        self.next_unique_token = 1000
+        self.events: Counter[str] = Counter()
 
-    def add(self, prompt_len, max_tokens, min_tokens, priority, ignore_eos):
+    def prompt(self, prompt_len, family, num_shared):
+        """The first num_shared tokens from a family (families share a head too), the rest unique."""
+        shared = FAMILIES[family][:min(num_shared, prompt_len)]
+        own = range(self.next_unique_token, self.next_unique_token + prompt_len - len(shared))
+        self.next_unique_token += len(own)
+        return shared + list(own)
+
+    def add(self, prompt_len, max_tokens, min_tokens, priority, ignore_eos, family=1, num_shared=14):
         # Ids repeat, so aborted-and-resubmitted ids and duplicates of live ids both occur.
         request_id = f"r{len(self.accepted) % 7}"
         params = SamplingParams(max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens),
                                 ignore_eos=ignore_eos, stop_token_ids=[STOP])
-        request = Request(request_id, list(range(30, 30 + prompt_len)), params, priority=priority)
+        request = Request(request_id, self.prompt(prompt_len, family, num_shared), params, priority=priority)
         try:
             self.scheduler.add_request(request)
         except RequestRejected:
@@ -105,13 +125,16 @@ class Harness:
         assert not set(ids) & set(plan.preempted_ids)
         for kind, happened in (("recompute preemption", plan.preempted_ids and not plan.blocks_to_swap_out),
                                ("swap out", plan.blocks_to_swap_out), ("swap in", plan.blocks_to_swap_in),
-                               ("free-only plan", not ids)):
+                               ("free-only plan", not ids), ("copy-on-write", plan.blocks_to_copy),
+                               ("prefix cache hit", any(d.num_computed_tokens and not plan.blocks_to_swap_in
+                                                        for d in plan.new_requests))):
             if happened:
-                event(kind)
+                self.record(kind)
         result = self.worker.run(plan)
         if -1 in result.sampled_token_ids:
-            event("prefill chunk short of the end")
+            self.record("prefill chunk short of the end")
         if abort_index is not None:
+            self.record("abort mid-step")
             self.abort(abort_index)  # arrives while the step runs
         for update in self.scheduler.update(plan, result):
             if update.finish_reason is not None:
@@ -119,6 +142,11 @@ class Harness:
         self.check_mirror()
         self.scheduler.check_integrity()
         return True
+
+    def record(self, kind: str) -> None:
+        self.events[kind] += 1
+        if currently_in_test_context():
+            event(kind)  # hypothesis statistics (--hypothesis-show-statistics)
 
     def check_mirror(self):
         """The worker's view of each running request equals the scheduler's."""
@@ -166,7 +194,7 @@ def test_dead_worker_requests_rerun_to_the_end_elsewhere(cfg, num_requests, seed
     harness = Harness(dict(cfg), seed)
     rng = random.Random(seed)
     for _ in range(num_requests):
-        harness.add(rng.randint(1, 12), rng.randint(1, 8), 0, rng.randint(0, 2), True)
+        harness.add(rng.randint(1, 12), rng.randint(1, 8), 0, rng.randint(0, 2), True, rng.randint(0, 4), 12)
     for _ in range(rng.randint(0, 10)):
         harness.step()
     live = [r for r in harness.accepted if not r.is_finished]
@@ -187,22 +215,51 @@ def test_dead_worker_requests_rerun_to_the_end_elsewhere(cfg, num_requests, seed
 @given(configs, st.integers(0, 2**32))
 def test_heavy_random_workloads_under_memory_pressure(cfg, seed):
     """Long workloads drawn from a seed: many requests at once, so preemption is the norm."""
+    run_heavy_workload(cfg, seed)
+
+
+def test_prefix_caching_under_memory_pressure_meets_every_hard_case():
+    """Seeded heavy workloads with caching on: shared, partly shared and unshared prefixes
+    meet preemption of both kinds, aborts mid-step and copy-on-write, asserted to happen."""
+    events = Counter()
+    for seed in range(60):
+        rng = random.Random(seed)
+        cfg = dict(block_size=rng.choice([1, 2, 4]), num_gpu_blocks=rng.randint(3, 12),
+                   num_cpu_blocks=rng.choice([0, 16]), num_state_slots=0, max_model_len=rng.randint(6, 48),
+                   max_num_seqs=rng.randint(1, 8), max_num_batched_tokens=rng.randint(2, 24),
+                   preemption_mode=("recompute", "swap")[seed % 2], policy=rng.choice(["fcfs", "priority"]),
+                   enable_chunked_prefill=rng.random() < 0.7, enable_prefix_caching=True)
+        harness = run_heavy_workload(cfg, seed)
+        events.update(harness.events)
+        events["tokens read from the cache"] += harness.worker.num_cached_tokens_read
+        events["runs with cache hits"] += harness.scheduler.block_manager.num_prefix_cache_hits > 0
+    for kind in ("prefix cache hit", "copy-on-write", "recompute preemption", "swap out", "swap in",
+                 "abort mid-step", "prefill chunk short of the end"):
+        assert events[kind] >= 20, (kind, events)
+    assert events["runs with cache hits"] >= 40 and events["tokens read from the cache"] > 1000, events
+
+
+def run_heavy_workload(cfg: dict, seed: int) -> Harness:
     harness = Harness(dict(cfg), seed)
     rng = random.Random(seed)
     for _ in range(300):
         roll = rng.random()
         if roll < 0.35:
             harness.add(rng.randint(1, 14), rng.randint(1, 24), rng.randint(0, 3), rng.randint(0, 2),
-                        rng.random() < 0.5)
+                        rng.random() < 0.5, rng.randint(0, 4), rng.randint(0, 14))
         elif roll < 0.45:
             harness.abort(rng.randrange(1000))
         elif roll < 0.55:
             harness.step(abort_index=rng.randrange(1000))
         else:
             harness.step()
-    while harness.step():
-        pass
+    for _ in range(5000):  # drain
+        if not harness.step():
+            break
+    else:
+        raise AssertionError("no progress: livelock")
     assert not harness.scheduler.has_unfinished_requests
     assert harness.scheduler.num_free_blocks == harness.scheduler.num_total_blocks
     assert all(harness.num_finish_events[id(r)] == 1 for r in harness.accepted)
     assert harness.worker.requests == {}
+    return harness

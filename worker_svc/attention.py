@@ -1,52 +1,96 @@
-"""Paged attention in plain torch: K/V written by slot mapping, read back through block tables.
+"""Paged attention: K/V written by slot mapping, read back through block tables.
 
-One batch mixes prefills, prefill chunks and decodes. Each sequence's queries are padded to the
-batch's longest query and attend to its gathered KV blocks under a mask that is causal in
-absolute positions: query i of a sequence sits at position num_computed + i and sees keys
-0..num_computed + i, so a later prefill chunk attends to the earlier chunks' KV in the cache.
-The metadata is built once per forward and shared by every attention layer.
+One forward mixes decodes (one query token per sequence) and prefills (or prefill chunks). The
+runner orders a step's sequences decodes first, so the token axis of a forward is
+
+    [ decode tokens | prefill tokens | padding (shapes are padded to a bucket) ]
+
+and one AttentionMetadata per step, built in numpy and shared by every attention layer, says
+where each part lies:
+- decodes run the C++ kernel (decode_kernel.py), whose cost follows each sequence's own context
+  length (no gather, no padding, no mask); plain torch where it is unavailable (gather the
+  blocks, mask past each context, SDPA);
+- prefills run scaled_dot_product_attention over a padded [B, Q] layout: causal over this step's
+  own K/V when every prefill starts at token 0, otherwise over K/V read from the cache under a
+  mask that is causal in absolute positions (a later chunk sees the earlier chunks' KV);
+- padding tokens write their K/V to a scratch slot no request owns, and get zeros.
+
+Models call `attention(q, k, v, layer_index, scale)`, a custom op: a compiled graph calls it as
+one opaque op, and it reads the step's metadata and the layer's cache from the forward context.
 """
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker_svc.forward_batch import ForwardBatch
+from worker_svc import decode_kernel
+from worker_svc.forward_context import get_forward_context
+
+
+@dataclass
+class PrefillMetadata:
+    start: int  # index of the first prefill token on the token axis
+    num_tokens: int
+    num_seqs: int
+    max_query_len: int
+    pad_index: torch.Tensor | None  # [num_tokens] packed -> row of [num_seqs * Q]; None: one seq
+    # Read K/V from the cache when some prefill resumes (computed tokens > 0); None: attend
+    # causally to this step's own K/V.
+    block_tables: torch.Tensor | None  # [num_seqs, max_blocks]
+    mask: torch.Tensor | None  # [num_seqs, 1, Q, max_blocks * block_size] bool, True = attend
 
 
 @dataclass
 class AttentionMetadata:
-    num_seqs: int
-    max_query_len: int
-    pad_index: torch.Tensor | None  # [T] packed token -> row of [B * max_query_len]; None: decode
-    mask: torch.Tensor  # [B, 1, max_query_len, max_kv_len] bool, True = attend
-    block_tables: torch.Tensor  # [B, max_blocks]
-    slot_mapping: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] KV slot of every token, padding included
+    num_tokens: int  # real tokens: [0, num_tokens); the rest of T is padding
+    num_decode_tokens: int  # decodes: [0, num_decode_tokens)
+    decode_block_tables: torch.Tensor  # [num_decode_tokens, max_blocks] int64
+    decode_context_lens: torch.Tensor  # [num_decode_tokens] int64, keys each decode sees
+    prefill: PrefillMetadata | None
 
 
-def attention_metadata(batch: ForwardBatch, block_size: int) -> AttentionMetadata:
-    """Built on the first attention layer of a forward, cached on the batch for the others."""
-    if batch.attn_metadata is not None:
-        return batch.attn_metadata
-    device = batch.input_ids.device
-    num_seqs = batch.num_seqs
-    max_query_len = max(batch.query_lens)
+def build_attention_metadata(query_lens: np.ndarray, num_computed: np.ndarray,
+                             block_tables: np.ndarray, slot_mapping: np.ndarray, block_size: int,
+                             device: torch.device) -> AttentionMetadata:
+    """Per sequence, decodes (query_len 1) first: query_lens, num_computed [B], block_tables
+    [B, >= blocks needed]; slot_mapping [T] for every token of the (padded) forward."""
+    def tensor(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+    num_decode = int(np.count_nonzero(query_lens == 1))
+    assert (query_lens[:num_decode] == 1).all(), "decodes come first"
+    context_lens = num_computed + query_lens
+    decode_blocks = -(-int(context_lens[:num_decode].max(initial=1)) // block_size)
+    prefill = None
+    if num_decode < len(query_lens):
+        prefill = _prefill_metadata(query_lens[num_decode:], num_computed[num_decode:],
+                                    block_tables[num_decode:], num_decode, block_size, tensor)
+    return AttentionMetadata(
+        slot_mapping=tensor(slot_mapping), num_tokens=int(query_lens.sum()),
+        num_decode_tokens=num_decode,
+        decode_block_tables=tensor(block_tables[:num_decode, :decode_blocks]),
+        decode_context_lens=tensor(context_lens[:num_decode]), prefill=prefill)
+
+
+def _prefill_metadata(query_lens, num_computed, block_tables, start, block_size, tensor):
+    num_seqs, num_tokens = len(query_lens), int(query_lens.sum())
+    max_query_len = int(query_lens.max())
     pad_index = None
-    if max_query_len > 1:
-        # Row of each packed token in the padded [B, max_query_len] query layout.
-        seq_of_token = torch.repeat_interleave(
-            torch.arange(num_seqs, device=device),
-            torch.tensor(batch.query_lens, device=device), output_size=batch.num_tokens)
-        offset_in_seq = torch.arange(batch.num_tokens, device=device) - batch.query_start_loc[seq_of_token]
-        pad_index = seq_of_token * max_query_len + offset_in_seq
-    max_kv_len = batch.block_tables.shape[1] * block_size
-    first_query_pos = batch.context_lens - torch.tensor(batch.query_lens, device=device)  # [B]
-    query_pos = first_query_pos[:, None] + torch.arange(max_query_len, device=device)  # [B, Q]
-    key_pos = torch.arange(max_kv_len, device=device)
-    mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)  # [B, 1, Q, K]
-    batch.attn_metadata = AttentionMetadata(num_seqs, max_query_len, pad_index, mask,
-                                            batch.block_tables, batch.slot_mapping)
-    return batch.attn_metadata
+    if num_seqs > 1:
+        starts = np.cumsum(query_lens) - query_lens
+        seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+        offset_in_seq = np.arange(num_tokens) - starts[seq_of_token]
+        pad_index = tensor(seq_of_token * max_query_len + offset_in_seq)
+    tables = mask = None
+    if num_computed.any():
+        max_blocks = -(-int((num_computed + query_lens).max()) // block_size)
+        tables = tensor(block_tables[:, :max_blocks])
+        query_pos = num_computed[:, None] + np.arange(max_query_len)  # [B, Q]
+        key_pos = np.arange(max_blocks * block_size)
+        mask = tensor(key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # [B, 1, Q, K]
+    return PrefillMetadata(start, num_tokens, num_seqs, max_query_len, pad_index, tables, mask)
 
 
 def write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -57,31 +101,88 @@ def write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float | None = None) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D] (this step's tokens) -> out [T, H * D].
 
-    The new K/V are written first, so each sequence reads its whole context from the cache.
-    """
+    The new K/V are written first, so decodes and resumed prefills read their whole context
+    from the cache."""
     write_kv(kv_cache, meta.slot_mapping, k, v)
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[-2]
+    out = q.new_empty(num_tokens, num_heads, head_dim)
+    out[meta.num_tokens:] = 0  # padding
+    num_decode = meta.num_decode_tokens
+    if num_decode:
+        _decode(out[:num_decode], q[:num_decode], kv_cache, meta, scale)
+    prefill = meta.prefill
+    if prefill is not None:
+        span = slice(prefill.start, prefill.start + prefill.num_tokens)
+        out[span] = _prefill(q[span], k[span], v[span], kv_cache, prefill, scale)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float) -> None:
+    kernel = decode_kernel.load() if q.device.type == "cpu" else None
+    if kernel is not None:
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        kernel.paged_decode_attention(out, q, kv_cache[0], kv_cache[1], meta.decode_block_tables,
+                                      meta.decode_context_lens, scale)
+        return
+    num_seqs, num_heads, head_dim = q.shape
+    keys, values = _gather_kv(kv_cache, meta.decode_block_tables)  # [B, Hkv, K, D]
+    key_pos = torch.arange(keys.shape[2], device=q.device)
+    mask = (key_pos[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]  # [B, 1, 1, K]
+    out.copy_(F.scaled_dot_product_attention(
+        q[:, :, None, :], keys, values, attn_mask=mask, scale=scale,
+        enable_gqa=num_heads != keys.shape[1])[:, :, 0, :])
+
+
+def _prefill(q, k, v, kv_cache, meta: PrefillMetadata, scale: float) -> torch.Tensor:
+    num_heads, head_dim = q.shape[1:]
     num_seqs, max_query_len = meta.num_seqs, meta.max_query_len
-    # keys/values: [B * max_blocks, block_size, Hkv, D] -> [B, Hkv, max_kv_len, D]. index_select
-    # on flat block ids is ~2.5x faster on CPU than advanced indexing with the 2-D table.
-    flat_blocks = meta.block_tables.reshape(-1)
-    kv_shape = (num_seqs, -1, num_kv_heads, head_dim)
-    keys = kv_cache[0].index_select(0, flat_blocks).view(kv_shape).transpose(1, 2)
-    values = kv_cache[1].index_select(0, flat_blocks).view(kv_shape).transpose(1, 2)
-    if meta.pad_index is None:
-        q_padded = q  # decode only: one query per sequence, already one row each
+    q_padded = _pad(q, meta)  # [B, H, Q, D]
+    if meta.block_tables is None:
+        keys, values, mask = _pad(k, meta), _pad(v, meta), None
     else:
-        q_padded = q.new_zeros(num_seqs * max_query_len, num_heads, head_dim)
-        q_padded[meta.pad_index] = q
-    q_padded = q_padded.view(num_seqs, max_query_len, num_heads, head_dim).transpose(1, 2)
+        keys, values = _gather_kv(kv_cache, meta.block_tables)
+        mask = meta.mask
     out = F.scaled_dot_product_attention(  # [B, H, Q, D]
-        q_padded, keys, values, attn_mask=meta.mask, scale=scale,
-        enable_gqa=num_heads != num_kv_heads)
-    out = out.transpose(1, 2).reshape(num_seqs * max_query_len, num_heads * head_dim)
+        q_padded, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale,
+        enable_gqa=num_heads != keys.shape[1])
+    out = out.transpose(1, 2).reshape(num_seqs * max_query_len, num_heads, head_dim)
+    return out if meta.pad_index is None else out[meta.pad_index]
+
+
+def _pad(x: torch.Tensor, meta: PrefillMetadata) -> torch.Tensor:
+    """Packed [n, heads, D] -> [B, heads, Q, D], zeros past each sequence's end."""
     if meta.pad_index is not None:
-        out = out[meta.pad_index]
-    return out
+        padded = x.new_zeros(meta.num_seqs * meta.max_query_len, *x.shape[1:])
+        padded[meta.pad_index] = x
+        x = padded
+    return x.view(meta.num_seqs, meta.max_query_len, *x.shape[1:]).transpose(1, 2)
+
+
+def _gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor):
+    """Blocks of each row of block_tables -> keys, values [B, Hkv, max_blocks * block_size, D].
+    index_select on flat block ids is ~2.5x faster on CPU than indexing with the 2-D table."""
+    num_seqs = block_tables.shape[0]
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    flat = block_tables.reshape(-1)
+    shape = (num_seqs, -1, num_kv_heads, head_dim)
+    keys = kv_cache[0].index_select(0, flat).view(shape).transpose(1, 2)
+    values = kv_cache[1].index_select(0, flat).view(shape).transpose(1, 2)
+    return keys, values
+
+
+@torch.library.custom_op("stepserve::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_index: int,
+              scale: float) -> torch.Tensor:
+    """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]; writes this step's K/V into the layer's
+    cache (the forward context's caches.kv[layer_index]), which the op owns: no other op reads
+    or writes it, so the compiler may treat the op as pure."""
+    context = get_forward_context()
+    return paged_attention(q, k, v, context.caches.kv[layer_index], context.attn_metadata, scale)
+
+
+@attention.register_fake
+def _(q, k, v, layer_index, scale):
+    return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))

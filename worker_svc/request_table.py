@@ -13,17 +13,26 @@ from worker_svc.sampler import SamplingMetadata
 
 @dataclass
 class StepInputs:
-    rows: np.ndarray  # [B] row of each scheduled sequence
-    query_lens: np.ndarray  # [B]
+    """One forward's inputs: per sequence [B], and per token [T] (padded past the real tokens:
+    token 0 at position 0, stored to a scratch slot)."""
+
     num_computed_tokens: np.ndarray  # [B] before this step
-    context_lens: np.ndarray  # [B] after this step
-    query_start_loc: np.ndarray  # [B + 1]
     input_ids: np.ndarray  # [T]
     positions: np.ndarray  # [T]
     slot_mapping: np.ndarray  # [T]
     block_tables: np.ndarray  # [B, max_blocks], trimmed to the longest context
     sampled_mask: np.ndarray  # [B] bool: the sequence reaches the end of its known tokens
     logits_indices: np.ndarray  # [S] last token of each sampled sequence
+
+    @classmethod
+    def empty(cls, num_padded: int, scratch_slot: int = 0) -> "StepInputs":
+        """No sequences, num_padded padding tokens: a warm-up forward."""
+        none = np.zeros(0, dtype=np.int64)
+        zeros = np.zeros(num_padded, dtype=np.int64)
+        return cls(num_computed_tokens=none, input_ids=zeros, positions=zeros,
+                   slot_mapping=np.full(num_padded, scratch_slot, dtype=np.int64),
+                   block_tables=np.zeros((0, 1), dtype=np.int64),
+                   sampled_mask=np.zeros(0, dtype=bool), logits_indices=none)
 
 
 class RequestTable:
@@ -111,7 +120,9 @@ class RequestTable:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray) -> StepInputs:
+    def prepare_inputs(self, rows: np.ndarray, query_lens: np.ndarray, num_padded: int,
+                       scratch_slot: int) -> StepInputs:
+        """The inputs of rows computing query_lens tokens each, on a token axis of num_padded."""
         bs = self.block_size
         num_computed = self.num_computed[rows]
         context_lens = num_computed + query_lens
@@ -127,13 +138,17 @@ class RequestTable:
             token_rows = np.repeat(rows, query_lens)
             positions = (np.arange(query_start_loc[-1])
                          - np.repeat(query_start_loc[:-1] - num_computed, query_lens))
-        slot_mapping = self.block_table[token_rows, positions // bs] * bs + positions % bs
+        num_tokens = int(query_start_loc[-1])
+        input_ids = np.zeros(num_padded, dtype=np.int64)
+        input_ids[:num_tokens] = self.token_ids[token_rows, positions]
+        slot_mapping = np.full(num_padded, scratch_slot, dtype=np.int64)
+        slot_mapping[:num_tokens] = self.block_table[token_rows, positions // bs] * bs + positions % bs
+        padded_positions = np.zeros(num_padded, dtype=np.int64)
+        padded_positions[:num_tokens] = positions
         max_blocks = int(-(-context_lens.max() // bs))
         sampled_mask = context_lens == self.num_tokens[rows]
         return StepInputs(
-            rows=rows, query_lens=query_lens, num_computed_tokens=num_computed,
-            context_lens=context_lens, query_start_loc=query_start_loc,
-            input_ids=self.token_ids[token_rows, positions], positions=positions,
+            num_computed_tokens=num_computed, input_ids=input_ids, positions=padded_positions,
             slot_mapping=slot_mapping, block_tables=self.block_table[rows, :max_blocks],
             sampled_mask=sampled_mask, logits_indices=query_start_loc[1:][sampled_mask] - 1)
 

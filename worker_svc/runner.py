@@ -8,6 +8,9 @@ A step, in order: free finished and preempted requests; swap out, swap in, copy 
 new requests; append running requests' new blocks; one forward; sample the sequences whose
 computed tokens reached the end of their known tokens; append the sampled tokens.
 
+Inside a step the sequences run decodes first (attention.py's layout), and the token axis is
+padded to a bucket (model_executor.py); results go back in the plan's order.
+
 Tensor parallel: every rank of a group runs the same plans on its shard of the model and KV
 cache; rank 0 samples and broadcasts the token ids, so every rank appends the same tokens.
 """
@@ -17,12 +20,15 @@ import numpy as np
 import torch
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import kv_cache
-from worker_svc.forward_batch import ForwardBatch
+from worker_svc import compile_cache, decode_kernel, kv_cache
+from worker_svc.attention import build_attention_metadata
+from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
+from worker_svc.model_executor import ModelExecutor
 from worker_svc.models.base import ModelCaches
+from worker_svc.models.state_layout import StateLayout
 from worker_svc.parallel import TensorParallel, init_process_group
-from worker_svc.request_table import RequestTable
+from worker_svc.request_table import RequestTable, StepInputs
 from worker_svc.runner_config import RunnerConfig
 from worker_svc.sampler import sample
 from worker_svc.state_slots import StateSlotPool
@@ -56,8 +62,11 @@ class ModelRunner:
             self.num_gpu_blocks = config.num_state_slots * -(-self.max_model_len // self.block_size)
         self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
             config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
+        # One block more than the scheduler is told of: the scratch block, where padding tokens
+        # write their K/V.
         self.caches = ModelCaches(kv=kv_cache.allocate_kv(
-            self.spec, self.num_gpu_blocks, self.block_size, self.dtype, self.device))
+            self.spec, self.num_gpu_blocks + 1, self.block_size, self.dtype, self.device))
+        self.scratch_slot = self.num_gpu_blocks * self.block_size
         self.cpu_kv = kv_cache.allocate_kv(self.spec, self.num_cpu_blocks, self.block_size,
                                            self.dtype, torch.device("cpu"),
                                            pin_memory=self.device.type == "cuda")
@@ -68,6 +77,31 @@ class ModelRunner:
         self.requests = RequestTable(self.max_model_len, self.block_size,
                                      self.loaded.eos_token_ids,
                                      uses_blocks=self.spec.num_attention_layers > 0)
+        self.executor = self._make_executor()
+        with torch.inference_mode():
+            self.warm_up_s = self.executor.warm_up(self._padding_forward)
+
+    def _make_executor(self) -> ModelExecutor:
+        config = self.config
+        compile_model = not config.enforce_eager
+        if compile_model and not getattr(self.model, "supports_compile", False):
+            log.info("%s runs eagerly: it is not written for torch.compile", self.loaded.name)
+            compile_model = False
+        if compile_model and self.tp.size > 1:
+            log.info("tensor-parallel ranks run eagerly (collectives are not compiled)")
+            compile_model = False
+        compile_cache.configure(config.compile_cache_dir)
+        if self.device.type == "cpu" and self.spec.num_attention_layers:
+            decode_kernel.load()
+        return ModelExecutor(self.model, self.device, compile_model)
+
+    def _padding_forward(self, num_tokens: int) -> torch.Tensor:
+        """A forward of padding tokens only (they touch nothing but the scratch block)."""
+        no_seqs = np.zeros(0, dtype=np.int64)
+        inputs = StepInputs.empty(num_tokens, self.scratch_slot)
+        context = self._forward_context(inputs, no_seqs, no_seqs)
+        with forward_context(context):
+            return self.executor.forward(*self._token_tensors(inputs))
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -109,53 +143,68 @@ class ModelRunner:
         return self._run(plan.step_id, np.array(rows), np.array(query_lens, dtype=np.int64))
 
     def _run(self, step_id: int, rows: np.ndarray, query_lens: np.ndarray) -> StepResult:
-        inputs = self.requests.prepare_inputs(rows, query_lens)
-        batch = self._to_batch(inputs)
-        hidden = self.model(batch, self.caches)  # [T, hidden]
+        """rows, query_lens in plan order; the step runs decodes first, results in plan order."""
+        order = np.argsort(query_lens != 1, kind="stable")
+        rows, query_lens = rows[order], query_lens[order]
+        inputs, context = self._prepare(rows, query_lens)
+        with forward_context(context):
+            hidden = self.executor.forward(*self._token_tensors(inputs))  # [T, hidden]
         sampled = inputs.sampled_mask  # [B] bool
         tokens, logprobs = np.empty(0, dtype=np.int64), None
         if sampled.any():
-            tokens, logprobs = self._sample(hidden[batch.logits_indices], rows[sampled])
+            logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
+            tokens, logprobs = self._sample(hidden[logits_indices], rows[sampled])
         self.requests.advance(rows, query_lens, rows[sampled], tokens)
         out = np.full(len(rows), -1, dtype=np.int64)
-        out[sampled] = tokens
+        out[order[sampled]] = tokens
         if logprobs is not None:
             aligned = [None] * len(rows)
-            for i, lp in zip(np.flatnonzero(sampled).tolist(), logprobs):
+            for i, lp in zip(order[sampled].tolist(), logprobs):
                 aligned[i] = lp
             logprobs = aligned
         return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs)
+
+    def _prepare(self, rows: np.ndarray, query_lens: np.ndarray) -> tuple[StepInputs, ForwardContext]:
+        """The step's inputs (numpy) and forward context (metadata tensors), decodes first."""
+        inputs = self.requests.prepare_inputs(
+            rows, query_lens, self.executor.padded_size(int(query_lens.sum())), self.scratch_slot)
+        return inputs, self._forward_context(inputs, rows, query_lens)
+
+    def _forward_context(self, inputs: StepInputs, rows: np.ndarray,
+                         query_lens: np.ndarray) -> ForwardContext:
+        context = ForwardContext(caches=self.caches)
+        if self.spec.num_attention_layers:
+            context.attn_metadata = build_attention_metadata(
+                query_lens, inputs.num_computed_tokens, inputs.block_tables, inputs.slot_mapping,
+                self.block_size, self.device)
+        if self.spec.has_state:
+            context.state_layout = StateLayout.build(
+                query_lens, inputs.num_computed_tokens, self.requests.state_slot[rows], self.device)
+        return context
+
+    def _token_tensors(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.from_numpy(inputs.input_ids).to(self.device, non_blocking=True),
+                torch.from_numpy(inputs.positions).to(self.device, non_blocking=True))
 
     def _sample(self, hidden: torch.Tensor, rows: np.ndarray):
         """hidden: [S, hidden] -> token ids [S], the same on every rank, and rank 0's logprobs.
 
         Only rank 0 computes logits and samples (the others' would be identical work), then
-        broadcasts the ids: exact for seeded and unseeded random sampling alike."""
+        broadcasts the ids: exact for seeded and unseeded random sampling alike. Greedy rows
+        without logprobs take the fused LM head + argmax (no full-vocabulary logits)."""
         tokens, logprobs = None, None
         if self.tp.is_driver:
             try:
-                logits = self.model.compute_logits(hidden)  # [S, V] float32
-                tokens, logprobs = sample(logits, self.requests.sampling_metadata(rows))
+                meta = self.requests.sampling_metadata(rows)
+                if meta.all_greedy and not meta.banned and not (meta.num_logprobs >= 0).any():
+                    tokens = self.executor.greedy_tokens(hidden)
+                else:
+                    tokens, logprobs = sample(self.executor.logits(hidden), meta)
             finally:  # on failure too, so the other ranks are not left waiting
                 tokens = self.tp.broadcast_tokens(tokens, len(rows), self.device)
         else:
             tokens = self.tp.broadcast_tokens(None, len(rows), self.device)
         return tokens, logprobs
-
-    def _to_batch(self, inputs) -> ForwardBatch:
-        def tensor(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(self.device, non_blocking=True)
-
-        state_slots = None
-        if self.spec.has_state:
-            state_slots = tensor(self.requests.state_slot[inputs.rows])
-        return ForwardBatch(
-            input_ids=tensor(inputs.input_ids), positions=tensor(inputs.positions),
-            query_start_loc=tensor(inputs.query_start_loc), query_lens=inputs.query_lens.tolist(),
-            context_lens=tensor(inputs.context_lens),
-            num_computed_tokens=inputs.num_computed_tokens.tolist(),
-            slot_mapping=tensor(inputs.slot_mapping), block_tables=tensor(inputs.block_tables),
-            logits_indices=tensor(inputs.logits_indices), state_slots=state_slots)
 
     # ---- request state ----------------------------------------------------------------------
 

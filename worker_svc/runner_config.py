@@ -1,5 +1,6 @@
 """RunnerConfig: how a worker loads its model and sizes its memory; validated where built."""
 import argparse
+import typing
 from dataclasses import dataclass, fields
 
 
@@ -22,6 +23,9 @@ class RunnerConfig:
     tensor_parallel_size: int = 1
     rank: int = 0
     dist_init_address: str = ""
+    # Run the model eagerly, op by op, instead of the compiled graph (model_executor.py).
+    enforce_eager: bool = False
+    compile_cache_dir: str | None = None  # None: ~/.cache/stepserve (compile_cache.py)
 
     def __post_init__(self):
         if self.block_size <= 0 or self.num_state_slots < 0:
@@ -38,10 +42,15 @@ class RunnerConfig:
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """--model, --dtype, ... one flag per RunnerConfig field, with its default."""
+    """--model, --dtype, ... one flag per RunnerConfig field, with its default; a bool field
+    is a switch (--enforce-eager / --no-enforce-eager)."""
     for f in fields(RunnerConfig):
-        kind = int if f.default is None else type(f.default)  # the optional fields are ints
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            continue
+        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
+        parser.add_argument(flag, type=kind, default=f.default)
 
 
 def from_args(args: argparse.Namespace) -> RunnerConfig:

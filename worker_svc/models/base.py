@@ -4,12 +4,15 @@ A model is built from a Hugging Face config.json dict (no transformers import at
 
     model = ModelClass(config: dict, dtype: torch.dtype)
     model.cache_spec() -> CacheSpec
-    model.forward(batch: ForwardBatch, caches: ModelCaches) -> hidden  # [T, hidden_size]
+    model(input_ids, positions) -> hidden  # [T] int64 each -> [T, hidden_size]
     model.compute_logits(hidden)  # [S, hidden] -> [S, vocab] float32
+    model.lm_head_weight  # [vocab, hidden]: compute_logits is hidden @ lm_head_weight.T
     model.load_weights(weights: Iterable[tuple[str, torch.Tensor]])  # Hugging Face names
 
 The runner allocates the caches from the spec: one paged KV tensor per attention layer and,
-for state-space layers, one conv and one SSM state tensor per layer indexed by state slot.
+for state-space layers, one conv and one SSM state tensor per layer indexed by state slot. A
+forward reads them, and the step's attention metadata and state layout, from the forward
+context (worker_svc/forward_context.py) that the runner sets around the call.
 """
 from dataclasses import dataclass, field
 
@@ -42,6 +45,6 @@ class ModelCaches:
     # kv[i]: [2, num_blocks, block_size, num_kv_heads, head_dim] for the i-th attention layer
     kv: list[torch.Tensor] = field(default_factory=list)
     # conv[i]: [num_slots, *conv_state_shape], ssm[i]: [num_slots, *ssm_state_shape] for the
-    # i-th state-space layer; rows are indexed by ForwardBatch.state_slots
+    # i-th state-space layer; rows are indexed by the state layout's slots
     conv: list[torch.Tensor] = field(default_factory=list)
     ssm: list[torch.Tensor] = field(default_factory=list)

@@ -15,13 +15,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from worker_svc.attention import attention_metadata, paged_attention
-from worker_svc.forward_batch import ForwardBatch
-from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.attention import attention
+from worker_svc.forward_context import get_forward_context
+from worker_svc.models.base import CacheSpec
 from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
 from worker_svc.models.layers import RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
-from worker_svc.models.state_layout import StateLayout
 
 
 class JambaAttention(nn.Module):
@@ -36,12 +35,12 @@ class JambaAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, meta) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_index: int) -> torch.Tensor:
         num_tokens = x.shape[0]
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, H, Dh]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache, meta, scale=self.head_dim ** -0.5)  # [T, H*Dh]
+        out = attention(q, k, v, kv_index, self.head_dim ** -0.5)  # [T, H*Dh]
         return self.o_proj(out)
 
 
@@ -72,12 +71,13 @@ class JambaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps)
         self.pre_ff_layernorm = RMSNorm(hidden, eps)
 
-    def forward(self, h, layout, attn_meta, kv, conv, ssm) -> torch.Tensor:
+    def forward(self, h, cache_index: int, context) -> torch.Tensor:
         x = self.input_layernorm(h)
         if self.is_attention:
-            h = h + self.self_attn(x, kv, attn_meta)
+            h = h + self.self_attn(x, cache_index)
         else:
-            h = h + self.mamba(x, layout, conv, ssm)
+            h = h + self.mamba(x, context.state_layout, context.caches.conv[cache_index],
+                               context.caches.ssm[cache_index])
         return h + self.feed_forward(self.pre_ff_layernorm(h))
 
 
@@ -124,18 +124,18 @@ class JambaForCausalLM(nn.Module):
             state_dtype=STATE_DTYPE,
         )
 
-    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        """Packed batch -> hidden [T, hidden]; writes KV and updates the slots' state rows."""
-        attn_meta = (attention_metadata(batch, block_size=caches.kv[0].shape[2])
-                     if self.num_attention_layers else None)
-        layout = StateLayout.build(batch) if self.num_mamba_layers else None
-        h = self.embed_tokens(batch.input_ids)  # [T, hidden]
-        for layer, idx in zip(self.layers, self.cache_index):
-            if layer.is_attention:
-                h = layer(h, layout, attn_meta, caches.kv[idx], None, None)
-            else:
-                h = layer(h, layout, attn_meta, None, caches.conv[idx], caches.ssm[idx])
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Packed tokens -> hidden [T, hidden]; writes KV and updates the slots' state rows
+        (positions are unused: Jamba has no positional encoding)."""
+        context = get_forward_context()
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        for layer, index in zip(self.layers, self.cache_index):
+            h = layer(h, index, context)
         return self.final_layernorm(h)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]

@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.attention import attention_metadata, paged_attention
-from worker_svc.forward_batch import ForwardBatch
-from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.attention import attention
+from worker_svc.models.base import CacheSpec
 from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, load_hf_weights
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
@@ -32,8 +31,9 @@ def _rope_theta(config: dict) -> float:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
         super().__init__()
+        self.layer_index = layer_index  # its KV cache: forward context caches.kv[layer_index]
         hidden_size = config["hidden_size"]
         num_heads = config["num_attention_heads"]
         num_kv_heads = config.get("num_key_value_heads") or num_heads
@@ -47,15 +47,16 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(hidden_size, (q_size, kv_size, kv_size), qkv_bias,
                                              dtype, tp, what="attention heads")
         self.o_proj = RowParallelLinear(q_size, hidden_size, attention_bias, dtype, tp)
+        self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, rotary: RotaryEmbedding, positions, kv_cache, meta) -> torch.Tensor:
+    def forward(self, x, rotary: RotaryEmbedding, positions) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H / N, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv / N, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary(positions, q, k)
-        return self.o_proj(paged_attention(q, k, v, kv_cache, meta))
+        return self.o_proj(attention(q, k, v, self.layer_index, self.scale))
 
 
 class LlamaMLP(nn.Module):
@@ -75,29 +76,30 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.self_attn = LlamaAttention(config, dtype, tp)
+        self.self_attn = LlamaAttention(config, dtype, tp, layer_index)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
         self.mlp = LlamaMLP(config, dtype, tp)
 
-    def forward(self, h, rotary, positions, kv_cache, meta) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rotary, positions, kv_cache, meta)
+    def forward(self, h, rotary, positions) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rotary, positions)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class LlamaForCausalLM(nn.Module):
     supports_tensor_parallel = True
+    supports_compile = True
 
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
         self.config = config
         hidden_size = config["hidden_size"]
         self.embed_tokens = Embedding(config["vocab_size"], hidden_size, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, tp)
-                                    for _ in range(config["num_hidden_layers"]))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, tp, i)
+                                    for i in range(config["num_hidden_layers"]))
         self.norm = RMSNorm(hidden_size, config.get("rms_norm_eps", 1e-6), dtype)
         self.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
         if not self.tie_word_embeddings:
@@ -111,16 +113,18 @@ class LlamaForCausalLM(nn.Module):
         return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_kv_heads,
                          head_dim=attn.head_dim)
 
-    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        meta = attention_metadata(batch, block_size=caches.kv[0].shape[2])
-        h = self.embed_tokens(batch.input_ids)  # [T, hidden]
-        for layer, kv_cache in zip(self.layers, caches.kv):
-            h = layer(h, self.rotary, batch.positions, kv_cache, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        for layer in self.layers:
+            h = layer(h, self.rotary, positions)
         return self.norm(h)
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()  # [S, vocab]
+        return F.linear(hidden, self.lm_head_weight).float()  # [S, vocab]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         skip = ("rotary_emb.inv_freq",) + (("lm_head.",) if self.tie_word_embeddings else ())

@@ -9,11 +9,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from worker_svc.forward_batch import ForwardBatch
-from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.forward_context import get_forward_context
+from worker_svc.models.base import CacheSpec
 from worker_svc.models.layers import RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
-from worker_svc.models.state_layout import StateLayout
 
 
 class MambaBlock(nn.Module):
@@ -61,15 +60,21 @@ class MambaForCausalLM(nn.Module):
             state_dtype=STATE_DTYPE,
         )
 
-    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        """Packed batch -> hidden [T, hidden]; updates the state rows of batch.state_slots."""
-        layout = StateLayout.build(batch)
-        residual = self.embeddings(batch.input_ids)  # [T, hidden]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Packed tokens -> hidden [T, hidden]; updates the state rows of the forward context's
+        state layout (positions are unused: the recurrence carries order)."""
+        context = get_forward_context()
+        residual = self.embeddings(input_ids)  # [T, hidden]
         if self.residual_in_fp32:
             residual = residual.float()
         for i, layer in enumerate(self.layers):
-            residual = layer(residual, layout, caches.conv[i], caches.ssm[i], self.dtype)
+            residual = layer(residual, context.state_layout, context.caches.conv[i],
+                             context.caches.ssm[i], self.dtype)
         return self.norm_f(residual.to(self.dtype))
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]

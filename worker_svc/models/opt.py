@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.attention import attention_metadata, paged_attention
-from worker_svc.forward_batch import ForwardBatch
-from worker_svc.models.base import CacheSpec, ModelCaches
+from worker_svc.attention import attention
+from worker_svc.models.base import CacheSpec
 from worker_svc.models.layers import Embedding, Linear, load_hf_weights
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
@@ -30,8 +29,9 @@ def _layer_norm(dim: int, config: dict, dtype: torch.dtype) -> nn.LayerNorm:
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
         super().__init__()
+        self.layer_index = layer_index  # its KV cache: forward context caches.kv[layer_index]
         hidden_size = config["hidden_size"]
         num_heads = config["num_attention_heads"]
         self.head_dim = hidden_size // num_heads
@@ -40,31 +40,33 @@ class OPTAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(hidden_size, (hidden_size,) * 3, bias, dtype, tp,
                                              what="attention heads")
         self.out_proj = RowParallelLinear(hidden_size, hidden_size, bias, dtype, tp)
+        self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, kv_cache, meta) -> torch.Tensor:
+    def forward(self, x) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        return self.out_proj(paged_attention(q, k, v, kv_cache, meta))  # q/k/v: [T, H / N, D]
+        # q/k/v: [T, H / N, D]
+        return self.out_proj(attention(q, k, v, self.layer_index, self.scale))
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
         super().__init__()
         hidden_size = config["hidden_size"]
         self.pre_norm = config.get("do_layer_norm_before", True)
         if config.get("activation_function", "relu") != "relu":
             raise NotImplementedError(f"activation {config['activation_function']!r}")
         bias = config.get("enable_bias", True)
-        self.self_attn = OPTAttention(config, dtype, tp)
+        self.self_attn = OPTAttention(config, dtype, tp, layer_index)
         self.self_attn_layer_norm = _layer_norm(hidden_size, config, dtype)
         self.fc1 = ColumnParallelLinear(hidden_size, (config["ffn_dim"],), bias, dtype, tp,
                                         what="ffn_dim")
         self.fc2 = RowParallelLinear(config["ffn_dim"], hidden_size, bias, dtype, tp)
         self.final_layer_norm = _layer_norm(hidden_size, config, dtype)
 
-    def forward(self, h, kv_cache, meta) -> torch.Tensor:
+    def forward(self, h) -> torch.Tensor:
         x = self.self_attn_layer_norm(h) if self.pre_norm else h
-        h = h + self.self_attn(x, kv_cache, meta)
+        h = h + self.self_attn(x)
         if not self.pre_norm:
             h = self.self_attn_layer_norm(h)
         x = self.final_layer_norm(h) if self.pre_norm else h
@@ -74,6 +76,7 @@ class OPTDecoderLayer(nn.Module):
 
 class OPTForCausalLM(nn.Module):
     supports_tensor_parallel = True
+    supports_compile = True
 
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
@@ -87,8 +90,8 @@ class OPTForCausalLM(nn.Module):
         if embed_dim != hidden_size:
             self.project_in = Linear(embed_dim, hidden_size, False, dtype)
             self.project_out = Linear(hidden_size, embed_dim, False, dtype)
-        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype, tp)
-                                    for _ in range(config["num_hidden_layers"]))
+        self.layers = nn.ModuleList(OPTDecoderLayer(config, dtype, tp, i)
+                                    for i in range(config["num_hidden_layers"]))
         self.final_layer_norm = None
         if config.get("do_layer_norm_before", True) and not config.get("_remove_final_layer_norm"):
             self.final_layer_norm = _layer_norm(hidden_size, config, dtype)
@@ -101,21 +104,23 @@ class OPTForCausalLM(nn.Module):
         return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_heads,
                          head_dim=attn.head_dim)
 
-    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        meta = attention_metadata(batch, block_size=caches.kv[0].shape[2])
-        h = self.embed_tokens(batch.input_ids)  # [T, embed_dim]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)  # [T, embed_dim]
         if self.project_in is not None:
             h = self.project_in(h)
-        h = h + self.embed_positions(batch.positions + _POSITION_OFFSET)  # [T, hidden]
-        for layer, kv_cache in zip(self.layers, caches.kv):
-            h = layer(h, kv_cache, meta)
+        h = h + self.embed_positions(positions + _POSITION_OFFSET)  # [T, hidden]
+        for layer in self.layers:
+            h = layer(h)
         if self.final_layer_norm is not None:
             h = self.final_layer_norm(h)
         return self.project_out(h) if self.project_out is not None else h
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()  # [S, vocab]
+        return F.linear(hidden, self.lm_head_weight).float()  # [S, vocab]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         skip = ("lm_head.",) if self.tie_word_embeddings else ()

@@ -1,4 +1,4 @@
-"""StateLayout: the packed sequences of a ForwardBatch regrouped for state-space layers.
+"""StateLayout: the packed sequences of a forward regrouped for state-space layers.
 
 A recurrence has to run token by token inside a sequence but can run in parallel across
 sequences. So the batch is split into groups, each a padded [G, L] grid of token indices:
@@ -15,9 +15,8 @@ Built once per forward and shared by every state layer.
 """
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-
-from worker_svc.forward_batch import ForwardBatch
 
 
 @dataclass
@@ -59,29 +58,32 @@ class StateLayout:
     groups: list[SeqGroup]
 
     @classmethod
-    def build(cls, batch: ForwardBatch) -> "StateLayout":
-        assert batch.state_slots is not None, "a state-space model needs ForwardBatch.state_slots"
-        query_lens = batch.query_lens
-        decode = [i for i, n in enumerate(query_lens) if n == 1]
-        prefill = [i for i, n in enumerate(query_lens) if n > 1]
-        groups = [_group(batch, seqs) for seqs in (decode, prefill) if seqs]
+    def build(cls, query_lens: np.ndarray, num_computed: np.ndarray, state_slots: np.ndarray,
+              device: torch.device) -> "StateLayout":
+        """Per sequence, in packed order: tokens this step, tokens computed before, state slot."""
+        starts = np.cumsum(query_lens) - query_lens
+        groups = []
+        for seqs in (np.flatnonzero(query_lens == 1), np.flatnonzero(query_lens > 1)):
+            if len(seqs):
+                groups.append(_group(query_lens[seqs], starts[seqs], num_computed[seqs] > 0,
+                                     state_slots[seqs], device))
         return cls(groups)
 
 
-def _group(batch: ForwardBatch, seqs: list[int]) -> SeqGroup:
-    device = batch.input_ids.device
-    seq_index = torch.tensor(seqs, dtype=torch.int64, device=device)
-    lens = torch.tensor([batch.query_lens[i] for i in seqs], dtype=torch.int64, device=device)
-    computed = torch.tensor([batch.num_computed_tokens[i] for i in seqs], device=device)
-    starts = batch.query_start_loc[seq_index]  # [G]
-    steps = torch.arange(max(batch.query_lens[i] for i in seqs), device=device)  # [L]
+def _group(lens: np.ndarray, starts: np.ndarray, has_state: np.ndarray, slots: np.ndarray,
+           device: torch.device) -> SeqGroup:
+    steps = np.arange(int(lens.max()))  # [L]
     valid = steps[None, :] < lens[:, None]  # [G, L]
-    token_index = torch.where(valid, starts[:, None] + steps[None, :], 0)  # [G, L]
+    token_index = np.where(valid, starts[:, None] + steps[None, :], 0)  # [G, L]
+
+    def tensor(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
     return SeqGroup(
-        token_index=token_index,
-        valid=valid,
-        packed_index=token_index[valid],
-        lens=lens,
-        slots=batch.state_slots[seq_index].to(torch.int64),
-        has_state=computed > 0,
+        token_index=tensor(token_index.astype(np.int64)),
+        valid=tensor(valid),
+        packed_index=tensor(token_index[valid].astype(np.int64)),
+        lens=tensor(lens.astype(np.int64)),
+        slots=tensor(slots.astype(np.int64)),
+        has_state=tensor(has_state),
     )

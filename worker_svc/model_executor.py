@@ -1,0 +1,107 @@
+"""ModelExecutor: the model's forward and LM head, compiled (the default) or eager.
+
+Compiled means torch.compile with the inductor backend, weights frozen (folded in as constants,
+so oneDNN gets prepacked layouts) and the number of tokens dynamic: one compile at start-up
+serves every batch of decodes, prefills and mixes. Token counts are padded to a bucket (a
+multiple of 8), which keeps 0- and 1-sized dimensions (which torch specialises on) out of the
+graph; on CPU a dynamic token dimension also selects oneDNN for float32 matmuls, where MKL's
+packed path is what inductor picks for static shapes (3x slower on the AMD CPUs measured). The
+attention and state layers run as opaque custom ops inside the graph (attention.py).
+
+Dimensions get a symbol each (no "duck shaping"): otherwise a batch of 256 rows of a
+256-wide hidden state would share one symbol with the weight's in-features and be specialised
+to 256, which also sends float32 matmuls back to MKL.
+
+Greedy rows without logprobs take the LM head fused with the argmax (greedy_head.py).
+
+Models that are not written for compilation (state-space models: their scans loop in Python
+over the step's sequence groups) and tensor-parallel ranks (collectives inside the graph) run
+eagerly, and say so in the log.
+"""
+import logging
+import time
+
+import numpy as np
+import torch
+
+from worker_svc.greedy_head import GreedyHead
+from worker_svc.sampler import argmax_rows
+
+log = logging.getLogger(__name__)
+TOKEN_BUCKET = 8  # token counts are padded to a multiple of this
+
+_num_compilations = 0
+
+
+def _count_compilation(_args) -> None:
+    global _num_compilations
+    _num_compilations += 1
+
+
+torch._dynamo.callback.callback_handler.register_start_callback(_count_compilation)
+
+
+def num_compilations() -> int:
+    """Graphs torch.compile has compiled in this process so far (recompilations included)."""
+    return _num_compilations
+
+
+def padded_size(num: int) -> int:
+    return max(TOKEN_BUCKET, -(-num // TOKEN_BUCKET) * TOKEN_BUCKET)
+
+
+class ModelExecutor:
+    def __init__(self, model: torch.nn.Module, device: torch.device, compile_model: bool):
+        self.model, self.device = model, device
+        self._forward, self._logits, self._greedy_tokens = model, model.compute_logits, None
+        self.compiled = False
+        if compile_model:
+            import torch._inductor.config as inductor_config
+            import torch.fx.experimental._config as fx_config
+            inductor_config.freezing = True
+            fx_config.use_duck_shape = False
+            compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
+            self._forward = compile(model)
+            self._logits = compile(model.compute_logits)
+            self._greedy_tokens = compile(GreedyHead(model.lm_head_weight))
+            self.compiled = True
+
+    def padded_size(self, num_tokens: int) -> int:
+        """The token axis a forward of num_tokens runs on: a bucket when compiled."""
+        return padded_size(num_tokens) if self.compiled else num_tokens
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: [T], T = padded_size(real tokens) -> hidden [T, hidden]."""
+        return self._forward(input_ids, positions)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [S, hidden] -> float32 logits [S, vocab]."""
+        return self._logits(self._pad_rows(hidden))[:hidden.shape[0]]
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> np.ndarray:
+        """hidden [S, hidden] -> argmax token ids [S] (ties: lowest id), as unfused logits give."""
+        if self._greedy_tokens is None:  # eager: full logits, numpy's argmax
+            return argmax_rows(self._logits(hidden))
+        return self._greedy_tokens(self._pad_rows(hidden))[:hidden.shape[0]].cpu().numpy()
+
+    def _pad_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        num = hidden.shape[0]
+        padded = self.padded_size(num)
+        if padded == num:
+            return hidden
+        return torch.cat([hidden, hidden.new_zeros(padded - num, hidden.shape[1])])
+
+    def warm_up(self, run_forward) -> float:
+        """Compiles every function on dummy shapes before the first request; the seconds it took.
+        run_forward(num_tokens) runs one all-padding forward through the runner's own path."""
+        if not self.compiled:
+            return 0.0
+        start = time.perf_counter()
+        hidden = run_forward(2 * TOKEN_BUCKET)
+        self.greedy_tokens(hidden)
+        self.logits(hidden)
+        seconds = time.perf_counter() - start
+        if self.compiled:
+            log.info("model compiled in %.1f s (%d graphs)", seconds, num_compilations())
+        return seconds
+
