@@ -1,4 +1,5 @@
-"""The `stepserve` command: `up`, `serve`, `generate`, `health`, `bench throughput`, `bench serve`."""
+"""The `stepserve` command: `up`, `serve`, `generate`, `health`, `keys generate`, `bench throughput`,
+`bench serve`."""
 import argparse
 import asyncio
 import signal
@@ -9,6 +10,7 @@ import threading
 from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
 from client_sdk.launcher import LocalCluster
 from client_sdk.sync_client import Client
+from protocol.curve import generate_keys
 from protocol.sampling import SamplingParams
 
 
@@ -21,7 +23,7 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
     cluster.start()
     try:
         url = start_gateway() if start_gateway else None
-        with Client(cluster.address) as client:
+        with Client(cluster.address, **cluster.client_keys) as client:
             cluster.wait_for_workers(client, cluster.num_worker_processes, timeout_s=600)
         where = f"OpenAI API at {url}/v1 (SDK: {cluster.address})" if url else f"clients connect to {cluster.address}"
         print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.num_workers} replica(s) of "
@@ -40,7 +42,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     scheduler, worker = cluster_args(args)
     return LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
                         frontend=args.frontend, workers=args.workers_address, quiet=False,
-                        tensor_parallel_size=args.tensor_parallel_size)
+                        tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -75,10 +77,26 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    for path in generate_keys(args.directory):
+        print(path)
+    print(f"scheduler: --curve-secret-key {args.directory}/scheduler.key_secret "
+          f"--curve-authorized-keys {args.directory}/authorized\n"
+          f"workers:   --curve-server-key {args.directory}/scheduler.key --curve-secret-key "
+          f"{args.directory}/worker.key_secret\n"
+          f"clients:   curve_server_key={args.directory}/scheduler.key curve_secret_key="
+          f"{args.directory}/client.key_secret  (or STEPSERVE_CURVE_KEYS={args.directory} for all of them)")
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
-    with service_address(args) as address, Client(address) as client:
+    keys = {}
+    if args.curve_keys:  # the local cluster's keys (a running service: the SDK's variables)
+        keys = {"curve_server_key": f"{args.curve_keys}/scheduler.key",
+                "curve_secret_key": f"{args.curve_keys}/client.key_secret"}
+    with service_address(args) as address, Client(address, **keys) as client:
         client.wait_for_workers(1, timeout_s=600)
         for prompt in args.prompts:
             if args.stream:
@@ -118,6 +136,13 @@ def main(argv=None) -> int:
     health.add_argument("--worker-on-this-host", action="store_true",
                         help="and a worker started on this host (its default worker id) has joined")
     health.set_defaults(func=cmd_health)
+
+    keys = sub.add_parser("keys", help="CurveZMQ keys")
+    keys_sub = keys.add_subparsers(dest="keys", required=True)
+    keys_generate = keys_sub.add_parser("generate", help="write key pairs for the scheduler, a client and a worker "
+                                                         "(pyzmq certificates) and DIR/authorized/")
+    keys_generate.add_argument("directory", metavar="DIR")
+    keys_generate.set_defaults(func=cmd_keys_generate)
 
     gen = sub.add_parser("generate", help="complete prompts, on a running service or a local one")
     add_cluster_flags(gen)

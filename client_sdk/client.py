@@ -2,48 +2,85 @@
 
 One reader task receives every frame and hands each request's outputs to the sink that
 waits for it (a stream's queue, a single generate's future, a batch's collector), so any
-number of requests share one socket.
+number of requests share one socket. The same task reads the socket's monitor
+(connection.py): a refused handshake or a closed connection fails the live requests at once.
 """
 import asyncio
 import functools
 import itertools
 import uuid
+import weakref
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable, Sequence
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from client_sdk.batch import BatchCollector
 from client_sdk.chat_template import render_chat
 from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
-from client_sdk.errors import ChatTemplateError, RequestError, ServiceError
+from client_sdk.connection import MONITORED_EVENTS, ConnectionState
+from client_sdk.deadlines import Deadlines
+from client_sdk.errors import ChatTemplateError, ServiceError, request_failure
 from client_sdk.outputs import RequestOutput, StreamDelta
 from client_sdk.tokenizer import TextCodec
 from protocol.client_messages import (Abort, ErrorReply, Generate, GenerateRequest, Health, HealthQuery,
                                       ModelInfo, ModelInfoQuery, RequestOutputs)
 from protocol.client_messages import RequestOutput as WireOutput
 from protocol.codec import encode, scheduler_to_client_decoder
+from protocol.curve import connecting_keys, secure_connecting_socket
+from protocol.errors import ErrorCode
+from protocol.limits import MAX_REQUESTS_PER_MESSAGE
 from protocol.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
-MAX_REQUESTS_PER_MESSAGE = 2048
+# A batch larger than this asks the scheduler's --max-queued-requests once, and keeps at most half
+# of it in flight when no window is given (room for a second client's batch).
+SMALL_BATCH = 4096
 
 
 def _put_indexed(put: Callable, index: int, output: WireOutput) -> None:
     put((index, output))
 
 
+def _release(ctx: zmq.asyncio.Context, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+    """Closes the sockets, then the context: a context collected with a socket open would block
+    in term(), so a client dropped without close() releases them through a finalizer."""
+    if not sock.closed:
+        sock.disable_monitor()
+    monitor.close(linger=0)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def _error_output(request_id: str, code: str, message: str) -> WireOutput:
+    return WireOutput(request_id, [], 0, "error", None, code, message)
+
+
 class AsyncClient:
-    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None):
+    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None,
+                 request_timeout_s: float | None = None, curve_server_key: str | None = None,
+                 curve_secret_key: str | None = None):
+        """timeout_s: for model_info / health replies (default: request_timeout_s). request_timeout_s:
+        a request not finished that long after it was sent fails with ServiceError("timeout"). curve_server_key (the
+        scheduler's public certificate) and curve_secret_key (this client's secret certificate):
+        CurveZMQ, also from $STEPSERVE_CURVE_SERVER_KEY / $STEPSERVE_CURVE_SECRET_KEY (or
+        $STEPSERVE_CURVE_KEYS, a folder from `stepserve keys generate`)."""
         self.address = address
-        self.timeout_s = timeout_s  # for model_info / health replies
+        self.timeout_s = timeout_s or request_timeout_s
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        secure_connecting_socket(self._sock, connecting_keys("client", curve_server_key, curve_secret_key))
+        self._monitor = self._sock.get_monitor_socket(MONITORED_EVENTS)
+        self._release = weakref.finalize(self, _release, self._ctx, self._sock, self._monitor)
+        self._connection = ConnectionState(address)
         self._sock.connect(address)
+        self._deadlines = Deadlines(request_timeout_s, self._on_timeouts) if request_timeout_s else None
+        self._deadline_task: asyncio.Task | None = None
         self._decoder = scheduler_to_client_decoder()
         self._sinks: dict[str, Callable[[WireOutput], None]] = {}
         self._queries: dict[type, deque[asyncio.Future]] = {ModelInfo: deque(), Health: deque()}
@@ -54,36 +91,82 @@ class AsyncClient:
         self._model_info: ModelInfo | None = None  # once a worker has joined
         self._choice_ids_of: dict[str, list[str]] = {}  # a live request with n > 1 -> its choices' ids
         self._background: set[asyncio.Task] = set()
+        self._max_queued_requests: int | None = None  # the scheduler's, asked for big batches
         self.last_error: ErrorReply | None = None
 
     # ---- plumbing ------------------------------------------------------------------
 
     def _ensure_reader(self) -> None:
+        if self._connection.auth_error is not None:
+            raise self._connection.auth_error
         if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read_loop())
+            if self._deadlines is not None:
+                self._deadline_task = loop.create_task(self._deadlines.run())
 
     async def _read_loop(self) -> None:
+        poller = zmq.asyncio.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while True:
-            frame = await self._sock.recv(copy=False)
-            message = self._decoder.decode(frame.buffer)
-            if isinstance(message, RequestOutputs):
-                for output in message.outputs:
-                    sink = self._sinks.get(output.request_id)
-                    if sink is not None:
-                        sink(output)
-            elif isinstance(message, ErrorReply):
-                self.last_error = message
-                for waiting in self._queries.values():
-                    while waiting:
-                        future = waiting.popleft()
-                        if not future.done():
-                            future.set_exception(ServiceError(message.code, message.message))
-            else:
-                waiting = self._queries[type(message)]
-                if waiting:
-                    future = waiting.popleft()
-                    if not future.done():
-                        future.set_result(message)
+            ready = dict(await poller.poll())
+            # Every message first: a closed connection's last outputs are queued before its event.
+            while True:
+                try:
+                    frame = await self._sock.recv(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._dispatch(self._decoder.decode(frame.buffer))
+            if self._monitor in ready:
+                event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+                lost = self._connection.on_event(event)
+                if lost is not None:
+                    self._fail_live(*lost)
+
+    def _dispatch(self, message) -> None:
+        if isinstance(message, RequestOutputs):
+            for output in message.outputs:
+                sink = self._sinks.get(output.request_id)
+                if sink is not None:
+                    sink(output)
+        elif isinstance(message, ErrorReply):
+            self.last_error = message
+            self._fail_queries(ServiceError(message.code, message.message))
+        else:
+            waiting = self._queries[type(message)]
+            if waiting:
+                future = waiting.popleft()
+                if not future.done():
+                    future.set_result(message)
+
+    def _fail_queries(self, error: Exception) -> None:
+        for waiting in self._queries.values():
+            while waiting:
+                future = waiting.popleft()
+                if not future.done():
+                    future.set_exception(error)
+
+    def _fail_live(self, code: str, message: str) -> None:
+        """Every live request and query ends with this error (the connection lost them)."""
+        ids = list(self._sinks)
+        for request_id in ids:
+            sink = self._sinks.get(request_id)
+            if sink is not None:
+                sink(_error_output(request_id, code, message))
+        self._fail_queries(self._connection.auth_error or ServiceError(code, message))
+        if ids and code != ErrorCode.AUTHENTICATION_FAILED:
+            self._abort_soon(ids)  # one still in the socket's queue must not run on the new scheduler
+
+    def _on_timeouts(self, expired: list[tuple[str, object]]) -> None:
+        timed_out = []
+        for request_id, sink in expired:
+            if self._sinks.get(request_id) is sink:
+                timed_out.append(request_id)
+                sink(_error_output(request_id, ErrorCode.TIMEOUT,
+                                   f"not finished within request_timeout_s ({self._deadlines.timeout_s:g} s)"))
+        if timed_out:
+            self._abort_soon(timed_out)
 
     async def _query(self, query, reply_type):
         self._ensure_reader()
@@ -105,6 +188,8 @@ class AsyncClient:
         return f"{self._id_prefix}-{next(self._ids)}"
 
     async def _send_requests(self, requests: list[GenerateRequest]) -> None:
+        if self._deadlines is not None:
+            self._deadlines.add([(r.request_id, self._sinks.get(r.request_id)) for r in requests])
         for start in range(0, len(requests), MAX_REQUESTS_PER_MESSAGE):
             await self._sock.send(encode(Generate(requests[start:start + MAX_REQUESTS_PER_MESSAGE])))
 
@@ -222,7 +307,7 @@ class AsyncClient:
                     continue  # after a stop string: the scheduler's abort reply
                 new_ids, new_logprobs = choice.add(output)
                 if choice.finish_reason == "error":
-                    raise RequestError(request_id, choice.error_code or "error", choice.error_message or "")
+                    raise request_failure(request_id, choice.error_code or "error", choice.error_message or "")
                 if choice.finished:
                     num_open -= 1
                     if choice.stopped_by_string:
@@ -251,9 +336,12 @@ class AsyncClient:
                              request_ids: Sequence[str] | None = None) -> list[RequestOutput]:
         """Outputs of any number of prompts, in input order; params: one for all, or one each.
 
-        Every prompt is handed over at once unless `window` bounds how many requests (choices)
-        are in flight. A request the server refused comes back with finish_reason "error" (see
-        RequestOutput.raise_for_error) and the others complete as usual.
+        `window` bounds how many requests (choices) are in flight; by default every prompt is
+        handed over at once, up to half the scheduler's --max-queued-requests (asked once). A
+        request that failed (refused: overloaded, shutting_down, ...; or lost with its
+        scheduler, or timed out) comes back with finish_reason "error" and its error_code (see
+        RequestOutput.raise_for_error); the others complete as usual. Only a refused CurveZMQ
+        handshake raises (AuthenticationError): then nothing can be served.
         """
         self._ensure_reader()
         params_of = params_per_prompt(params, len(prompts))
@@ -280,7 +368,7 @@ class AsyncClient:
                 self._sinks[choice_id] = collector.on_output
         prompt_ids: list[list[int]] = [[] for _ in prompts]
         try:
-            window = window or len(flat_ids)
+            window = window or await self._default_window(len(flat_ids))
             i = 0
             while i < len(prompts):
                 await collector.wait_for_room(window)
@@ -306,7 +394,10 @@ class AsyncClient:
             for rid in ids:
                 self._choice_ids_of.pop(rid, None)
             collector.close()
-        await self._text_codec()
+        if self._connection.auth_error is not None:
+            raise self._connection.auth_error
+        if any(choice.token_ids for choice in collector.choices.values()):
+            await self._text_codec()  # to decode them; nothing to ask a scheduler that served nothing
         for group in choice_ids:
             for choice_id in group:
                 collector.choices[choice_id].codec = self._codec
@@ -314,17 +405,26 @@ class AsyncClient:
                               [collector.choices[choice_id].output() for choice_id in choice_ids[i]])
                 for i, (rid, prompt) in enumerate(zip(ids, prompts))]
 
+    async def _default_window(self, num_requests: int) -> int:
+        if num_requests <= SMALL_BATCH:
+            return num_requests
+        if self._max_queued_requests is None:
+            self._max_queued_requests = (await self.model_info()).max_queued_requests
+        return max(1, self._max_queued_requests // 2) if self._max_queued_requests else num_requests
+
     async def close(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._sock.close(linger=0)
-        self._ctx.term()
+        if self._background:  # the last aborts; a socket that never connected cannot send them
+            _, unsent = await asyncio.wait(self._background, timeout=1.0)
+            for task in unsent:
+                task.cancel()
+        for task in (self._reader, self._deadline_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        self._release()
 
     async def __aenter__(self) -> "AsyncClient":
         return self

@@ -21,6 +21,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="run the model op by op instead of the compiled step (faster start-up)")
     p.add_argument("--compile-cache-dir", default=None,
                    help="where compiled graphs persist across starts (default ~/.cache/stepserve)")
+    p.add_argument("--curve-keys", default=None, metavar="DIR",
+                   help="CurveZMQ on every link, with the keys of `stepserve keys generate DIR` "
+                        "(default: $STEPSERVE_CURVE_KEYS)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the KV of common prompt prefixes (default: on for attention models)")
 
@@ -50,5 +53,5 @@ def service_address(args: argparse.Namespace) -> Iterator[str]:
         return
     scheduler, worker = cluster_args(args)
     with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
-                      tensor_parallel_size=args.tensor_parallel_size) as cluster:
+                      tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys) as cluster:
         yield cluster.address

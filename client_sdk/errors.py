@@ -1,3 +1,8 @@
+"""The SDK's exceptions, and which one a failed request raises."""
+from protocol import ErrorCode
+from protocol.errors import AuthenticationError as _WireAuthenticationError
+
+
 class ServiceError(Exception):
     """The scheduler refused a frame (ErrorReply) or could not be reached in time."""
 
@@ -19,3 +24,21 @@ class RequestError(Exception):
 
 class ChatTemplateError(ValueError):
     """A conversation could not be rendered: the model has no chat template, or it failed."""
+
+
+class AuthenticationError(ServiceError, _WireAuthenticationError):
+    """The scheduler refused this client's CurveZMQ handshake: its key is not authorized, the
+    server key is wrong, or only one side uses keys. Raised within moments, never a silent hang."""
+
+
+# Codes that say the service, not the request, failed: the request was lost, not refused.
+_SERVICE_CODES = (ErrorCode.SCHEDULER_RESTARTED, ErrorCode.TIMEOUT)
+
+
+def request_failure(request_id: str, code: str, message: str) -> Exception:
+    """The exception for a request that ended with this error code."""
+    if code == ErrorCode.AUTHENTICATION_FAILED:
+        return AuthenticationError(code, message)
+    if code in _SERVICE_CODES:
+        return ServiceError(code, f"request {request_id}: {message}")
+    return RequestError(request_id, code, message)

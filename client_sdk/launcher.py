@@ -3,7 +3,9 @@ and optionally an HTTP gateway, on this machine, on loopback ports.
 
 Used by `LLM`, `stepserve up` / `serve`, `stepserve bench` and the end-to-end tests. The
 scheduler and the gateway bind random ports and print them on their ready lines, so clusters
-never collide.
+never collide. Every process dies with the one that started the cluster (child_processes.py).
+With curve_keys (a folder from `stepserve keys generate`, default $STEPSERVE_CURVE_KEYS) every
+link uses CurveZMQ, each process with its own role's key.
 """
 import os
 import re
@@ -13,6 +15,10 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
+
+from client_sdk.child_processes import spawn, stop_all
+from protocol.curve import AUTHORIZED, ENV_VARS, KEYS_DIR_ENV
 
 READY = re.compile(r"stepserve scheduler ready frontend=(\S+) workers=(\S+)(?: metrics=(\S+))?")
 GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
@@ -21,7 +27,8 @@ GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
 class LocalCluster:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
-                 workers: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1):
+                 workers: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
+                 curve_keys: str | None = None):
         """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
@@ -39,6 +46,27 @@ class LocalCluster:
         self.address: str | None = None
         self.base_url: str | None = None  # the first gateway's, once started
         self.metrics_url: str | None = None  # the scheduler's, with --metrics-port
+        self.curve_keys = curve_keys or os.environ.get(KEYS_DIR_ENV) or None
+        self._processes: list[subprocess.Popen] = []  # every one started, for the finalizer
+        self._finalizer = weakref.finalize(self, stop_all, self._processes)
+
+    def _key(self, name: str) -> str:
+        return os.path.join(self.curve_keys, name)
+
+    @property
+    def client_keys(self) -> dict[str, str]:
+        """AsyncClient / Client arguments that reach this cluster's scheduler."""
+        if not self.curve_keys:
+            return {}
+        return {"curve_server_key": self._key("scheduler.key"), "curve_secret_key": self._key("client.key_secret")}
+
+    def _curve_args(self, role: str) -> list[str]:
+        if not self.curve_keys:
+            return []
+        if role == "scheduler":
+            return ["--curve-secret-key", self._key("scheduler.key_secret"),
+                    "--curve-authorized-keys", self._key(AUTHORIZED)]
+        return ["--curve-server-key", self._key("scheduler.key"), "--curve-secret-key", self._key(f"{role}.key_secret")]
 
     @property
     def num_worker_processes(self) -> int:
@@ -48,9 +76,12 @@ class LocalCluster:
     def _popen(self, module: str, args: list[str], stdout=None) -> subprocess.Popen:
         # Quiet: stderr goes to a temporary file, read back only to explain an early exit.
         stderr = tempfile.TemporaryFile() if self.quiet else None
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=stdout, stderr=stderr,
-                                env=os.environ.copy(), start_new_session=True)
+        # Keys travel as flags, each process its own: a caller's client keys must not leak into them.
+        env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+        proc = spawn([sys.executable, "-m", module, *args], stdout=stdout, stderr=stderr, env=env,
+                     start_new_session=True)
         proc.stderr_file = stderr
+        self._processes.append(proc)
         return proc
 
     def check_alive(self) -> None:
@@ -61,20 +92,26 @@ class LocalCluster:
                                    f"{_tail(proc.stderr_file)}")
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
-        self.scheduler = self._popen("scheduler_svc", ["--frontend", self.frontend, "--workers",
-                                                       self.workers_address, *self.scheduler_args],
-                                     stdout=subprocess.PIPE)
-        self.address, self.workers_address, self.metrics_url = self._await_ready(self.scheduler, READY,
-                                                                                 timeout_s).groups()
+        self.start_scheduler(self.frontend, self.workers_address, timeout_s)
         for _ in range(self.num_workers):
             self.add_replica()
         return self
+
+    def start_scheduler(self, frontend: str | None = None, workers: str | None = None,
+                        timeout_s: float = 120.0) -> None:
+        """(Re)starts the scheduler, by default on the addresses the last one bound."""
+        self.scheduler = self._popen("scheduler_svc", ["--frontend", frontend or self.address, "--workers",
+                                                       workers or self.workers_address, *self.scheduler_args,
+                                                       *self._curve_args("scheduler")],
+                                     stdout=subprocess.PIPE)
+        self.address, self.workers_address, self.metrics_url = self._await_ready(self.scheduler, READY,
+                                                                                 timeout_s).groups()
 
     def start_gateway(self, args: list[str] = (), host: str = "127.0.0.1", port: int = 0,
                       timeout_s: float = 120.0) -> str:
         """Starts an HTTP gateway on this cluster's scheduler; returns its base URL."""
         gateway = self._popen("gateway_svc", ["--scheduler", self.address, "--host", host, "--port", str(port),
-                                              *args], stdout=subprocess.PIPE)
+                                              *args, *self._curve_args("client")], stdout=subprocess.PIPE)
         self.gateways.append(gateway)
         url = self._await_ready(gateway, GATEWAY_READY, timeout_s).group(1)
         self.base_url = self.base_url or url
@@ -120,24 +157,13 @@ class LocalCluster:
         if "--threads" not in args and "--device" not in args and num_procs > 1:
             # CPU workers side by side: split the cores, or their thread pools fight over them.
             args += ["--threads", str(max(1, (os.cpu_count() or 1) // num_procs))]
-        proc = self._popen("worker_svc", ["--scheduler", self.workers_address, "--model", self.model, *args])
+        proc = self._popen("worker_svc", ["--scheduler", self.workers_address, "--model", self.model, *args,
+                                          *self._curve_args("worker")])
         self.worker_procs.append(proc)
         return proc
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        procs = [p for p in [*self.gateways, *self.worker_procs, self.scheduler] if p is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + timeout_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stderr_file is not None:
-                proc.stderr_file.close()
+        stop_all(self._processes, timeout_s)
 
     def wait_for_workers(self, client, num_workers: int, timeout_s: float = 300.0) -> None:
         """Until `num_workers` have joined, through a blocking Client; fails fast if one dies."""

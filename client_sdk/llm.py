@@ -5,6 +5,7 @@ data_parallel_size=..., dtype=..., max_model_len=..., gpu_memory_utilization=...
 `generate(prompts, sampling_params)` with one SamplingParams or one per prompt, returning
 RequestOutput objects (`outputs[0].outputs[0].text`), and `chat(messages, sampling_params)`.
 """
+import os
 import random
 import warnings
 
@@ -13,6 +14,7 @@ import msgspec
 from client_sdk.launcher import LocalCluster
 from client_sdk.outputs import RequestOutput
 from client_sdk.sync_client import Client
+from protocol.curve import KEYS_DIR_ENV, SERVER_KEY_ENV
 from protocol.sampling import SamplingParams
 
 
@@ -23,6 +25,11 @@ class LLM:
 
     seed: like vLLM's, makes sampling reproducible run to run: each request without a seed
     of its own gets one drawn from it. num_workers: the old name of data_parallel_size.
+
+    curve_server_key / curve_secret_key (or their environment variables, or $STEPSERVE_CURVE_KEYS):
+    CurveZMQ on every link of the local cluster, with the keys of `stepserve keys generate DIR`
+    (the server key DIR/scheduler.key: the scheduler, the workers and the authorized keys are
+    taken from the same DIR). Its processes die with this one, however it ends.
     """
 
     def __init__(self, model: str = "tiny-llama", num_workers: int | None = None, *,
@@ -33,7 +40,8 @@ class LLM:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool | None = None, enforce_eager: bool = False,
                  compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
-                 worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True):
+                 worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
+                 curve_server_key: str | None = None, curve_secret_key: str | None = None):
         if num_workers is not None:
             warnings.warn("LLM(num_workers=...) is deprecated: use data_parallel_size (vLLM's name)",
                           DeprecationWarning, stacklevel=2)
@@ -58,10 +66,17 @@ class LLM:
             flag = "--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"
             scheduler_args.append(flag)
         self._seeds = random.Random(seed) if seed is not None else None
+        server_key = curve_server_key or os.environ.get(SERVER_KEY_ENV)
+        keys_dir = os.path.dirname(os.path.abspath(server_key)) if server_key else os.environ.get(KEYS_DIR_ENV)
         self.cluster = LocalCluster(model, data_parallel_size, scheduler_args=scheduler_args, worker_args=worker_args,
-                                    quiet=quiet, tensor_parallel_size=tensor_parallel_size).start(startup_timeout_s)
+                                    quiet=quiet, tensor_parallel_size=tensor_parallel_size,
+                                    curve_keys=keys_dir).start(startup_timeout_s)
         try:
-            self.client = Client(self.cluster.address)
+            keys = self.cluster.client_keys
+            if keys:
+                keys = {"curve_server_key": server_key or keys["curve_server_key"],
+                        "curve_secret_key": curve_secret_key or keys["curve_secret_key"]}
+            self.client = Client(self.cluster.address, **keys)
             self.cluster.wait_for_workers(self.client, self.cluster.num_worker_processes, startup_timeout_s)
         except BaseException:
             self.cluster.stop()

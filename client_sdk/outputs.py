@@ -7,7 +7,7 @@ of its own: those still read, from outputs[0], with a DeprecationWarning.
 import warnings
 from dataclasses import dataclass, field
 
-from client_sdk.errors import RequestError
+from client_sdk.errors import request_failure
 from protocol.client_messages import TokenLogprobs
 
 
@@ -76,7 +76,7 @@ class RequestOutput:
     def raise_for_error(self) -> "RequestOutput":
         failed = self._failed
         if failed is not None:
-            raise RequestError(self.request_id, failed.error_code or "error", failed.error_message or "")
+            raise request_failure(self.request_id, failed.error_code or "error", failed.error_message or "")
         return self
 
     # ---- the old single-completion shape, deprecated -------------------------------

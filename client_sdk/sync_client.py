@@ -8,15 +8,19 @@ from client_sdk.outputs import StreamDelta
 
 
 class Client:
-    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None):
+    def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None,
+                 request_timeout_s: float | None = None, curve_server_key: str | None = None,
+                 curve_secret_key: str | None = None):
+        """The arguments of AsyncClient."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stepserve-client", daemon=True)
         self._thread.start()
-        self._async = self._call(self._make(address, timeout_s))
+        self._async = self._call(self._make(address, timeout_s=timeout_s, request_timeout_s=request_timeout_s,
+                                            curve_server_key=curve_server_key, curve_secret_key=curve_secret_key))
 
     @staticmethod
-    async def _make(address, timeout_s) -> AsyncClient:
-        return AsyncClient(address, timeout_s=timeout_s)
+    async def _make(address, **kwargs) -> AsyncClient:
+        return AsyncClient(address, **kwargs)
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

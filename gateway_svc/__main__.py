@@ -1,5 +1,6 @@
 """python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000
-[--api-key KEY] [--served-model-name NAME] [--max-num-requests N]"""
+[--api-key KEY] [--served-model-name NAME] [--max-num-requests N]
+[--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ to the scheduler; or the SDK's variables)"""
 import argparse
 import asyncio
 import logging
@@ -26,12 +27,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="requests in flight through this gateway beyond which it answers 503 (0: no bound)")
     p.add_argument("--scheduler-timeout", type=float, default=10.0,
                    help="seconds to wait for the scheduler's health or model info before answering 503")
+    p.add_argument("--curve-server-key", default=None, metavar="FILE",
+                   help="the scheduler's public certificate (default: $STEPSERVE_CURVE_SERVER_KEY)")
+    p.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                   help="the gateway's secret certificate, a client's (default: $STEPSERVE_CURVE_SECRET_KEY)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
-    client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout)
+    client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout, curve_server_key=args.curve_server_key,
+                         curve_secret_key=args.curve_secret_key)
     upstream = Upstream(client, args.served_model_name, args.max_num_requests)
     config = uvicorn.Config(create_app(upstream, args.api_key), host=args.host, port=args.port, loop="none",
                             http="auto", log_level=args.log_level.lower(), access_log=False,

@@ -13,8 +13,9 @@ from protocol import ErrorCode
 logger = logging.getLogger("stepserve.gateway")
 _encoder = msgspec.json.Encoder()
 
-# The scheduler's per-request error codes that are the caller's fault.
+# The scheduler's per-request error codes that are the caller's fault, and those that say "later".
 _CLIENT_ERRORS = {ErrorCode.INVALID_PARAMS, ErrorCode.PROMPT_TOO_LONG, ErrorCode.DUPLICATE_ID}
+_UNAVAILABLE_ERRORS = {ErrorCode.OVERLOADED, ErrorCode.SHUTTING_DOWN}
 
 
 class APIError(Exception):
@@ -43,6 +44,8 @@ def from_sdk_error(e: Exception) -> APIError:
     if isinstance(e, RequestError):
         if e.code in _CLIENT_ERRORS:
             return bad_request(e.message, e.code)
+        if e.code in _UNAVAILABLE_ERRORS:
+            return unavailable(e.message, e.code)
         return APIError(500, e.message, e.code, type="internal_error")
     if isinstance(e, ChatTemplateError):
         return bad_request(str(e), "chat_template")

@@ -1,6 +1,6 @@
 """Wire types and framing shared by every stepserve process. Imports neither side."""
-from protocol.errors import ErrorCode, ProtocolError
+from protocol.errors import AuthenticationError, ErrorCode, ProtocolError
 from protocol.sampling import SamplingParams
 from protocol.version import PROTOCOL_VERSION
 
-__all__ = ["ErrorCode", "ProtocolError", "SamplingParams", "PROTOCOL_VERSION"]
+__all__ = ["AuthenticationError", "ErrorCode", "ProtocolError", "SamplingParams", "PROTOCOL_VERSION"]

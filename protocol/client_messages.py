@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUEST_ID_LEN, MAX_REQUESTS_PER_MESSAGE
 from protocol.sampling import SamplingParams, TokenId
 
-RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_LEN)]
 FinishReason = Literal["length", "stop", "abort", "error"]
 
 
@@ -21,7 +22,7 @@ class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
 
 class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
     request_id: RequestId
-    prompt_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1)]
+    prompt_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
     params: SamplingParams
     # Higher runs first when the scheduler's priority policy is on; ties in arrival order.
     priority: int = 0
@@ -30,11 +31,11 @@ class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_
 
 
 class Generate(Message, tag=True):
-    requests: list[GenerateRequest]
+    requests: Annotated[list[GenerateRequest], msgspec.Meta(max_length=MAX_REQUESTS_PER_MESSAGE)]
 
 
 class Abort(Message, tag=True):
-    request_ids: list[RequestId]
+    request_ids: Annotated[list[RequestId], msgspec.Meta(max_length=MAX_REQUESTS_PER_MESSAGE)]
 
 
 class ModelInfoQuery(Message, tag=True):
@@ -88,6 +89,9 @@ class ModelInfo(Message, tag=True):
     num_workers: int = 0
     chat_template: str | None = None  # Jinja, relayed from the worker; None: the model has none
     special_tokens: dict[str, str] = {}  # bos_token, eos_token, ...: the names templates use
+    # Requests the scheduler holds at most (--max-queued-requests): the SDK's default batch window.
+    max_queued_requests: int = 0
+    instance_id: str = ""  # new on every scheduler start: a client can tell a restart
 
 
 class ReplicaHealth(msgspec.Struct, array_like=True):
@@ -125,6 +129,8 @@ class Health(Message, tag=True):
     num_cached_blocks: int = 0
     num_prefix_cache_queries: int = 0
     num_prefix_cache_hits: int = 0
+    instance_id: str = ""  # new on every scheduler start
+    draining: bool = False  # stopping: takes no new requests, finishes those it holds
 
 
 ClientToScheduler = Generate | Abort | ModelInfoQuery | HealthQuery

@@ -6,8 +6,9 @@ raises ProtocolError and nothing else.
 """
 import msgspec
 
-from protocol.client_messages import ClientToScheduler, SchedulerToClient
+from protocol.client_messages import ClientToScheduler, GenerateRequest, SchedulerToClient
 from protocol.errors import ProtocolError
+from protocol.limits import MAX_REQUEST_ID_LEN, MAX_REQUESTS_PER_MESSAGE
 from protocol.version import PROTOCOL_VERSION
 from protocol.worker_messages import SchedulerToWorker, WorkerToScheduler
 
@@ -65,15 +66,15 @@ class _LooseId(msgspec.Struct, array_like=True):
 
 
 _loose_generate = msgspec.msgpack.Decoder(_LooseGenerate)
+_strict_request = msgspec.msgpack.Decoder(GenerateRequest)
 _loose_id = msgspec.msgpack.Decoder(_LooseId)
 
 
 def salvage_generate(frame: bytes | memoryview):
     """For a Generate frame that failed to decode as a whole: the requests in it that are
     valid, and (request_id, error) for each invalid one whose id can be read, so one bad
-    request fails alone. None when the frame is not a readable Generate at all."""
-    from protocol.client_messages import GenerateRequest  # noqa: avoid a cycle at import
-
+    request fails alone. None when the frame is not a readable Generate at all. A message with
+    more than MAX_REQUESTS_PER_MESSAGE requests is refused whole: each readable id gets the error."""
     view = memoryview(frame)
     if len(view) < 2 or view[0] != PROTOCOL_VERSION:
         return None
@@ -81,14 +82,19 @@ def salvage_generate(frame: bytes | memoryview):
         loose = _loose_generate.decode(view[1:])
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return None
-    strict = msgspec.msgpack.Decoder(GenerateRequest)
+    too_many = len(loose.requests) > MAX_REQUESTS_PER_MESSAGE
     valid, invalid = [], []
     for raw in loose.requests:
         try:
-            valid.append(strict.decode(raw))
+            if too_many:
+                raise ValueError(f"{len(loose.requests)} requests in one message: at most "
+                                 f"{MAX_REQUESTS_PER_MESSAGE} (send several messages)")
+            valid.append(_strict_request.decode(raw))
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as e:
             try:
-                invalid.append((_loose_id.decode(raw).request_id, str(e)))
+                request_id = _loose_id.decode(raw).request_id
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
-                pass
+                continue
+            if 0 < len(request_id) <= MAX_REQUEST_ID_LEN:  # an id no client may use gets no answer
+                invalid.append((request_id, str(e)))
     return valid, invalid

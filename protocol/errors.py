@@ -5,6 +5,11 @@ class ProtocolError(Exception):
     """A frame could not be decoded or validated: bad bytes, wrong version, wrong fields."""
 
 
+class AuthenticationError(Exception):
+    """The peer refused this side's CurveZMQ keys (or this side's keys do not fit the peer's
+    mechanism): an unauthorized client or worker, a wrong server key, keys on one side only."""
+
+
 class ErrorCode:
     """Values of `ErrorReply.code` and `RequestOutput.error_code`; strings so that logs read."""
 
@@ -15,3 +20,10 @@ class ErrorCode:
     UNKNOWN_REQUEST = "unknown_request"
     WORKER_ERROR = "worker_error"  # the worker failed while running this request
     INTERNAL = "internal"
+    OVERLOADED = "overloaded"  # --max-queued-requests reached: retry later, or send fewer at once
+    SHUTTING_DOWN = "shutting_down"  # the scheduler is draining: refused, or not finished in time
+    # Set by the SDK, not the scheduler: the request was live on a scheduler that went away (the
+    # connection broke: it stopped or restarted), or it did not finish within request_timeout_s.
+    SCHEDULER_RESTARTED = "scheduler_restarted"
+    TIMEOUT = "timeout"
+    AUTHENTICATION_FAILED = "authentication_failed"

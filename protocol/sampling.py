@@ -3,9 +3,10 @@ from typing import Annotated
 
 import msgspec
 
+from protocol.limits import (MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                             MAX_TOKENS)
+
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
-MAX_LOGPROBS = 20
-MAX_N = 128  # completions per prompt; each is a request of its own on the scheduler
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -24,17 +25,19 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     """
 
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] = 16
-    min_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS)] = 16
+    min_tokens: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)] = 0
     temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, msgspec.Meta(ge=-1)] = 0
     min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     seed: int | None = None
-    stop_token_ids: list[TokenId] = []
+    stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
     ignore_eos: bool = False
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)] | None = None
-    stop: str | list[Annotated[str, msgspec.Meta(min_length=1)]] = []
+    stop: (Annotated[str, msgspec.Meta(max_length=MAX_STOP_STRING_LEN)]
+           | Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_LEN)]],
+                       msgspec.Meta(max_length=MAX_STOP_STRINGS)]) = []
     include_stop_str_in_output: bool = False
 
     def __post_init__(self):

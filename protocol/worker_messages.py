@@ -8,9 +8,13 @@ from typing import Annotated
 import msgspec
 
 from protocol.client_messages import TokenLogprobs
+from protocol.limits import (MAX_BLOCKS, MAX_MODEL_LEN, MAX_NAME_LEN, MAX_STATE_SLOTS, MAX_TENSOR_PARALLEL_SIZE,
+                             MAX_VOCAB_SIZE)
 from protocol.sampling import SamplingParams
 
 BlockId = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LEN)]
+NumBlocks = Annotated[int, msgspec.Meta(ge=0, le=MAX_BLOCKS)]
 
 
 class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
@@ -20,23 +24,26 @@ class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
 # ---- worker -> scheduler -------------------------------------------------------------
 
 class WorkerHello(Message, tag=True):
-    worker_id: str  # unique per worker process
-    model: str
-    device: str
-    dtype: str
-    vocab_size: int
-    max_model_len: int
-    block_size: int
-    num_gpu_blocks: int  # KV blocks on the device
-    num_cpu_blocks: int  # KV blocks in host memory for swap; 0 disables swap
-    num_state_slots: int  # Mamba state slots; 0 for attention-only models
-    eos_token_ids: list[int]
+    """Also sent again, by a live worker, to a scheduler that answers its heartbeat with
+    HeartbeatReply(known=False): a restarted scheduler, or one that dropped it."""
+
+    worker_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LEN)]  # unique per worker process
+    model: Name
+    device: Name
+    dtype: Name
+    vocab_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_VOCAB_SIZE)]
+    max_model_len: Annotated[int, msgspec.Meta(ge=1, le=MAX_MODEL_LEN)]
+    block_size: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    num_gpu_blocks: NumBlocks  # KV blocks on the device
+    num_cpu_blocks: NumBlocks  # KV blocks in host memory for swap; 0 disables swap
+    num_state_slots: Annotated[int, msgspec.Meta(ge=0, le=MAX_STATE_SLOTS)]  # Mamba state slots; 0 without
+    eos_token_ids: Annotated[list[int], msgspec.Meta(max_length=1024)]
     tokenizer_json: str | None
-    tensor_parallel_size: int = 1
-    rank: int = 0
+    tensor_parallel_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_TENSOR_PARALLEL_SIZE)] = 1
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_TENSOR_PARALLEL_SIZE)] = 0
     # The ranks of one tensor-parallel group share a group id and form one replica: the same
     # plan goes to every rank, rank 0 answers. Empty for a worker alone (its worker_id is used).
-    group_id: str = ""
+    group_id: Name = ""
     # From the model folder (tokenizer_config.json's chat_template, or chat_template.jinja), and
     # the special tokens' text (bos_token, eos_token, ...) that templates refer to. Relayed to
     # clients in ModelInfo like tokenizer_json, so a gateway on another host renders chats.
@@ -57,7 +64,7 @@ class StepResult(Message, tag=True):
 
 
 class Heartbeat(Message, tag=True):
-    worker_id: str
+    worker_id: Name
     num_kv_blocks_in_use: int
     num_state_slots_in_use: int
     num_requests: int
@@ -118,5 +125,14 @@ class Shutdown(Message, tag=True):
     reason: str = ""
 
 
+class HeartbeatReply(Message, tag=True):
+    """The answer to every heartbeat, on the heartbeat's own socket. A worker whose heartbeats
+    go unanswered knows the scheduler is gone; known=False means this scheduler (a restarted
+    one: a new instance_id) holds no replica for the worker, which then says hello again."""
+
+    instance_id: str
+    known: bool
+
+
 WorkerToScheduler = WorkerHello | StepResult | Heartbeat
-SchedulerToWorker = StepPlan | Shutdown
+SchedulerToWorker = StepPlan | Shutdown | HeartbeatReply

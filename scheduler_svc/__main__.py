@@ -1,4 +1,5 @@
-"""python -m scheduler_svc --frontend tcp://127.0.0.1:5555 --workers tcp://127.0.0.1:5556"""
+"""python -m scheduler_svc --frontend tcp://127.0.0.1:5555 --workers tcp://127.0.0.1:5556
+[--curve-secret-key FILE --curve-authorized-keys DIR] [--max-queued-requests N] [--drain-timeout-s S]"""
 import argparse
 import asyncio
 import logging
@@ -7,6 +8,8 @@ import sys
 
 import uvloop
 
+from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS
+from scheduler_svc.auth import FrontDoor
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
 from scheduler_svc.service import SchedulerService
@@ -30,6 +33,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (0: any free one); off by default")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint binds")
+    p.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                   help="the scheduler's secret certificate (pyzmq format, `stepserve keys generate`): CurveZMQ "
+                        "on both sockets")
+    p.add_argument("--curve-authorized-keys", default=None, metavar="DIR",
+                   help="folder of the public certificates accepted (clients and workers); others are refused")
+    p.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
+                   help="requests held (waiting or running) beyond which new ones get an 'overloaded' error")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM: how long queued and running requests may take to finish before they fail")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -41,14 +53,16 @@ async def run(args: argparse.Namespace) -> None:
                              enable_prefix_caching=args.enable_prefix_caching)
     service = SchedulerService(args.frontend, args.workers, config, worker_timeout_s=args.worker_timeout,
                                max_message_bytes=args.max_message_mb << 20,
-                               enable_metrics=args.metrics_port is not None)
+                               enable_metrics=args.metrics_port is not None,
+                               max_queued_requests=args.max_queued_requests, drain_timeout_s=args.drain_timeout_s,
+                               front_door=FrontDoor(args.curve_secret_key, args.curve_authorized_keys))
     metrics = ""
     if service.metrics is not None:
         metrics = f" metrics=http://{args.metrics_host}:{service.metrics.serve(args.metrics_host, args.metrics_port)}"
     frontend, workers = service.bind()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, service.stop)
+        loop.add_signal_handler(sig, service.drain.begin)  # a second signal: at once
     # The launcher waits for this line; it carries the bound addresses (ports may be '*').
     print(f"stepserve scheduler ready frontend={frontend} workers={workers}{metrics}", flush=True)
     await service.serve()

@@ -15,6 +15,12 @@ class RequestBook:
         self._ids_of_client: dict[bytes, set[str]] = defaultdict(set)
         self.num_finished = 0
 
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def ids(self) -> list[str]:
+        return list(self._requests)
+
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 

@@ -23,7 +23,9 @@ request preempted while a step computes for it gets that step's token when it is
 cannot be scheduled again before: preemption admits nothing in its plan, and the plan after
 is made once the step was applied. Hence two plans, never more.
 """
+import itertools
 from collections import deque
+from collections.abc import Iterator
 
 from protocol.errors import ErrorCode
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan, StepResult
@@ -58,7 +60,7 @@ class _Batch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity):
+    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity, arrivals: Iterator[int] | None = None):
         self.config = config
         self.capacity = capacity
         # A state model's request cannot start mid-prompt without the Mamba state at that point.
@@ -86,7 +88,9 @@ class Scheduler:
         self._swapped: dict[str, Request] = {}  # swap-out order; holds CPU blocks
         self._pending_finished: list[str] = []  # for the next plan's finished_ids
         self._next_step_id = 0
-        self._next_arrival = 0
+        # Numbers arrivals (priority ties break by them). The service shares one counter with
+        # its own queue and every core, so a request requeued from a dead replica never ties.
+        self._arrivals = arrivals if arrivals is not None else itertools.count()
         # Plans in flight, oldest first: (step_id, scheduled requests, tokens each, token awaited).
         self._inflight: deque[tuple[int, list[Request], list[int], list[bool]]] = deque()
         self.num_preemptions = 0  # for stats: how often memory pressure evicted a request
@@ -103,8 +107,7 @@ class Scheduler:
                 f"(max_model_len {self.capacity.max_model_len}, "
                 f"{self.capacity.num_gpu_blocks} blocks of {self.config.block_size} tokens)")
         assert request.status == WAITING and not request.block_ids, f"{request} is not new"
-        request.arrival = self._next_arrival
-        self._next_arrival += 1
+        request.arrival = next(self._arrivals)
         self._requests[request.request_id] = request
         self._waiting.push(request)
 

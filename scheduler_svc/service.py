@@ -4,11 +4,17 @@ Clients (DEALER) -> ROUTER frontend; workers (DEALER) -> ROUTER workers. Request
 `pending` until a replica has room; each replica's core then plans its steps. A replica pulls
 at most a watermark of requests into its own waiting queue, so a late or a lightly loaded
 replica takes work at once, and a dead replica's requests go back to the front of `pending`.
+
+Operating it: CurveZMQ and the open-port warning (auth.py), backpressure (admission.py), the
+drain on SIGTERM (drain.py), crashed workers noticed by their closed connection
+(worker_connections.py), and an instance id in every heartbeat reply, so that workers of a
+restarted scheduler say hello again.
 """
 import asyncio
 import itertools
 import logging
 import time
+import uuid
 from collections import deque
 
 import zmq
@@ -18,8 +24,11 @@ from protocol import ErrorCode, ProtocolError
 from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
                                       ModelInfo, ModelInfoQuery, RequestOutputs)
 from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
-from protocol.worker_messages import Heartbeat, Shutdown, StepResult, WorkerHello
+from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepResult, WorkerHello
+from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission
+from scheduler_svc.auth import FrontDoor
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.drain import Drain
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
 from scheduler_svc.metrics import SchedulerMetrics
@@ -29,6 +38,7 @@ from scheduler_svc.stats import health, model_info
 from scheduler_svc.request import FINISHED_STATUS, Request
 from scheduler_svc.request_book import RequestBook
 from scheduler_svc.waiting_queue import make_waiting_queue
+from scheduler_svc.worker_connections import WorkerConnections
 
 logger = logging.getLogger("stepserve.scheduler")
 
@@ -42,8 +52,14 @@ def finish(request: Request, reason: str) -> None:
 class SchedulerService:
     def __init__(self, frontend_address: str, workers_address: str, config: SchedulerConfig,
                  worker_timeout_s: float = 10.0, max_message_bytes: int = 256 << 20,
-                 check_integrity_when_idle: bool = True, enable_metrics: bool = False):
+                 check_integrity_when_idle: bool = True, enable_metrics: bool = False,
+                 max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS, drain_timeout_s: float = 30.0,
+                 front_door: FrontDoor | None = None):
         self.config = config
+        self.instance_id = uuid.uuid4().hex[:12]  # new on every start: workers and clients tell a restart
+        self.admission = Admission(max_queued_requests)
+        self.drain = Drain(self, drain_timeout_s)
+        self.front_door = front_door or FrontDoor()
         # Prometheus metrics (--metrics-port); None when off, and then they cost nothing.
         self.metrics = SchedulerMetrics(self._health) if enable_metrics else None
         self.frontend_address = frontend_address
@@ -61,6 +77,8 @@ class SchedulerService:
         self.last_hello: WorkerHello | None = None
         self._client_decoder = client_to_scheduler_decoder()
         self._worker_decoder = worker_to_scheduler_decoder()
+        # One arrival counter for `pending` and every replica's core: a request keeps a unique
+        # number wherever it waits, so priority ties break by arrival, never by comparing Requests.
         self._arrivals = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
@@ -69,8 +87,11 @@ class SchedulerService:
 
     def bind(self) -> tuple[str, str]:
         self.ctx = zmq.asyncio.Context()
+        self.front_door.open(self.ctx)  # before any bind: every handshake is checked
         self.frontend = self._router(self.frontend_address)
         self.workers = self._router(self.workers_address)
+        self.worker_connections = WorkerConnections(self.workers)
+        logger.info("scheduler instance %s", self.instance_id)
         return (self.frontend.getsockopt_string(zmq.LAST_ENDPOINT),
                 self.workers.getsockopt_string(zmq.LAST_ENDPOINT))
 
@@ -81,11 +102,12 @@ class SchedulerService:
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
+        self.front_door.prepare(sock, address)
         sock.bind(address)
         return sock
 
     async def serve(self) -> None:
-        loops = [self._frontend_loop(), self._workers_loop(), self._watchdog_loop()]
+        loops = [self._frontend_loop(), self._workers_loop(), self._watchdog_loop(), self._closed_workers_loop()]
         tasks = [asyncio.ensure_future(c) for c in loops]
         try:
             await self._stopping.wait()
@@ -94,7 +116,10 @@ class SchedulerService:
                 task.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
             await self._shutdown_workers()
-            self.ctx.destroy(linger=0)
+            self.worker_connections.close()
+            self.front_door.close()
+            # A moment for the last outputs and the workers' Shutdown to leave.
+            self.ctx.destroy(linger=1000)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -133,7 +158,7 @@ class SchedulerService:
             except ProtocolError as e:
                 if not self._salvage(client, frames[1].buffer):
                     await self._reply(client, ErrorReply(ErrorCode.BAD_FRAME, str(e)))
-                await self._flush_outputs()
+                await self.flush_outputs()
                 continue
             try:
                 await self._on_client_message(client, message)
@@ -152,16 +177,14 @@ class SchedulerService:
             except ProtocolError as e:
                 logger.warning("bad frame from worker %r: %s", identity, e)
                 continue
-            if isinstance(message, StepResult):
+            if isinstance(message, Heartbeat):
+                await self._on_heartbeat(identity, message)
+            elif isinstance(message, StepResult):
                 replica = self.replica_by_identity.get(identity)
                 if replica is not None and identity == replica.identities.get(0):
                     replica.deliver(message)
-            elif isinstance(message, Heartbeat):
-                replica = self.replica_by_worker_id.get(message.worker_id)
-                if replica is not None:
-                    replica.seen(message.worker_id)
-                    replica.last_heartbeat[message.worker_id] = message
             elif isinstance(message, WorkerHello):
+                self.worker_connections.note_hello(identity, frames[1])
                 self._on_hello(identity, message)
 
     async def _watchdog_loop(self) -> None:
@@ -172,6 +195,26 @@ class SchedulerService:
                 if replica.silent_for(now) > self.worker_timeout_s:
                     logger.warning("worker %s silent for %.1f s: dropped", replica.name, replica.silent_for(now))
                     self._drop_replica(replica)
+
+    async def _closed_workers_loop(self) -> None:
+        while True:
+            identity = await self.worker_connections.next_closed()
+            replica = self.replica_by_identity.get(identity)
+            if replica is not None:
+                logger.warning("worker %s closed its connection: dropped", replica.name)
+                self._drop_replica(replica)
+
+    async def _on_heartbeat(self, identity: bytes, beat: Heartbeat) -> None:
+        """Noted, and answered: known=False tells a worker this scheduler holds nothing of it."""
+        replica = self.replica_by_worker_id.get(beat.worker_id)
+        if replica is not None:
+            replica.seen(beat.worker_id)
+            replica.last_heartbeat[beat.worker_id] = beat
+        try:
+            await self.workers.send_multipart([identity, encode(HeartbeatReply(self.instance_id, replica is not None))],
+                                              flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone already
 
     async def _reply(self, client: bytes, message) -> bool:
         try:
@@ -195,18 +238,14 @@ class SchedulerService:
             await self._reply(client, self._model_info())
         elif isinstance(message, HealthQuery):
             await self._reply(client, self._health())
-        await self._flush_outputs()
+        await self.flush_outputs()
 
     def _on_generate(self, client: bytes, message: Generate) -> None:
+        book = self.book
         for g in message.requests:
-            if g.request_id in self.book:
-                self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), ErrorCode.DUPLICATE_ID,
-                                                      f"request id {g.request_id!r} is already running"))
-                continue
-            if g.params.n != 1 or g.params.stop:  # the SDK's: it sends each choice as a request, n = 1
-                self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), ErrorCode.INVALID_PARAMS,
-                                                      "n > 1 and stop strings are handled by the SDK; send n = 1 "
-                                                      "and no stop strings"))
+            refusal = self.admission.refusal(g, len(book), book.__contains__)
+            if refusal is not None:
+                self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), *refusal))
                 continue
             request = Request(g.request_id, g.prompt_token_ids, g.params, g.priority, client=client, stream=g.stream)
             request.arrival = next(self._arrivals)
@@ -228,7 +267,9 @@ class SchedulerService:
         self._on_generate(client, Generate(valid))
         return bool(valid or invalid)
 
-    def _abort(self, request_id: str, client: bytes | None, reason: str = "abort") -> None:
+    def _abort(self, request_id: str, client: bytes | None, reason: str = "abort",
+               error: tuple[str, str] | None = None) -> None:
+        """Ends a live request wherever it is; error (code, message) goes to its client with reason "error"."""
         request = self.book.get(request_id)
         if request is None or (client is not None and request.client != client):
             return  # idempotent: unknown, finished, or another client's id
@@ -242,9 +283,17 @@ class SchedulerService:
         self.book.forget(request)
         if self.metrics is not None:
             self.metrics.on_end(request, reason)
-        output = output_for(request, [], None, reason)
+        if error is not None:
+            output = error_output(request_id, len(request.prompt_token_ids), *error)
+        else:
+            output = output_for(request, [], None, reason)
         if output is not None:
             self.outputs.add(request.client, output)
+
+    def fail_all(self, code: str, message: str) -> None:
+        """Every live request ends with this error (the drain's end)."""
+        for request_id in self.book.ids():
+            self._abort(request_id, None, "error", (code, message))
 
     def _on_client_gone(self, client: bytes) -> None:
         for request_id in self.book.ids_of(client):
@@ -258,15 +307,17 @@ class SchedulerService:
             self.metrics.on_end(request, "error")
         self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids), code, message))
 
-    async def _flush_outputs(self) -> None:
+    async def flush_outputs(self) -> None:
         for client, outputs in self.outputs.take().items():
             await self._reply(client, RequestOutputs(outputs))
 
     def _model_info(self) -> ModelInfo:
-        return model_info(self.last_hello, len(self.replicas))
+        return model_info(self.last_hello, len(self.replicas), self.admission.max_queued_requests, self.instance_id)
 
     def _health(self) -> Health:
-        return health(list(self.replicas.values()), len(self.pending), self.step_times, self.book.num_finished)
+        h = health(list(self.replicas.values()), len(self.pending), self.step_times, self.book.num_finished)
+        h.instance_id, h.draining = self.instance_id, self.admission.draining
+        return h
 
     # ---- workers -------------------------------------------------------------------
 
@@ -277,7 +328,7 @@ class SchedulerService:
         name = hello.group_id or hello.worker_id
         replica = self.replicas.get(name)
         if replica is None:
-            replica = Replica(name, hello, self.config)
+            replica = Replica(name, hello, self.config, self._arrivals)
             self.replicas[name] = replica
         replica.add_rank(hello.rank, identity, hello.worker_id)
         self.replica_by_worker_id[hello.worker_id] = replica
@@ -342,7 +393,7 @@ class SchedulerService:
             self._refill(replica)
             plan = core.schedule()
             if plan is None:
-                await self._flush_outputs()
+                await self.flush_outputs()
                 if self.check_integrity_when_idle:
                     core.check_integrity()
                 replica.wakeup.clear()
@@ -361,7 +412,7 @@ class SchedulerService:
             if result.error is not None:
                 logger.error("worker %s failed step %d: %s", replica.name, plan.step_id, result.error)
             self._apply(core.update(plan, result), result.error)
-            await self._flush_outputs()
+            await self.flush_outputs()
 
     def _apply(self, updates, step_error: str | None = None) -> None:
         metrics, now = self.metrics, time.monotonic()

@@ -6,13 +6,15 @@ from protocol.worker_messages import WorkerHello
 from scheduler_svc.replica import Replica
 
 
-def model_info(hello: WorkerHello | None, num_replicas: int) -> ModelInfo:
+def model_info(hello: WorkerHello | None, num_replicas: int, max_queued_requests: int = 0,
+               instance_id: str = "") -> ModelInfo:
     if hello is None:
-        return ModelInfo(model=None)
+        return ModelInfo(model=None, max_queued_requests=max_queued_requests, instance_id=instance_id)
     return ModelInfo(model=hello.model, vocab_size=hello.vocab_size, max_model_len=hello.max_model_len,
                      eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
                      num_workers=num_replicas, chat_template=hello.chat_template,
-                     special_tokens=hello.special_tokens)
+                     special_tokens=hello.special_tokens, max_queued_requests=max_queued_requests,
+                     instance_id=instance_id)
 
 
 def steps_per_second(step_times: Sequence[float]) -> float:

@@ -43,3 +43,15 @@ def hf_greedy(folder: str, prompts: list[list[int]], max_new_tokens: int) -> lis
                 for row, i in enumerate(chunk):
                     results[i] = out[row, length:].tolist()
     return [results[i] for i in range(len(prompts))]
+
+
+async def wait_until_workers_hold_nothing(client: AsyncClient, timeout_s: float = 10.0):
+    """Health once the scheduler is idle and the workers' own reports (their heartbeats, which
+    lag by up to an interval) say no KV block or state slot is held: nothing leaked."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = await wait_until_idle(client, timeout_s)
+        if (health.worker_kv_blocks_in_use == 0 and health.worker_state_slots_in_use == 0) \
+                or time.monotonic() > deadline:
+            return health
+        await asyncio.sleep(0.1)

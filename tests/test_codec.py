@@ -50,6 +50,7 @@ SCHEDULER_TO_WORKER = [
                 blocks_to_swap_out=[(1, 2)], blocks_to_swap_in=[(3, 4)], blocks_to_copy=[(5, 6)]),
     wm.StepPlan(step_id=10, finished_ids=["x"], preempted_ids=[], new_requests=[], running_requests=[]),
     wm.Shutdown(reason="bye"),
+    wm.HeartbeatReply(instance_id="abc123", known=False),
 ]
 LINKS = [
     (CLIENT_TO_SCHEDULER, client_to_scheduler_decoder),

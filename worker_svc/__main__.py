@@ -1,7 +1,8 @@
 """python -m worker_svc --scheduler tcp://127.0.0.1:5556 --model tiny-llama|PATH [--device cpu|cuda:N]
 [--dtype ...] [--load-format auto|dummy] [--kv-cache-gb N]
 [--tensor-parallel-size N --rank R --dist-init-address tcp://HOST:PORT [--group-id ID]]
-[--devices all]  (one worker process per visible CUDA device)"""
+[--devices all]  (one worker process per visible CUDA device)
+[--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ; or $STEPSERVE_CURVE_KEYS, a keys folder)"""
 import argparse
 import logging
 import os
@@ -10,6 +11,8 @@ import socket
 import sys
 import uuid
 
+from protocol import AuthenticationError
+from protocol.curve import connecting_keys
 from worker_svc import devices
 from worker_svc.parallel import default_group_id
 from worker_svc.runner import ModelRunner
@@ -30,6 +33,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--devices", choices=["all"], default=None,
                    help="all: one worker process per visible CUDA device (data parallel); "
                         "one CPU worker when none is visible")
+    p.add_argument("--curve-server-key", default=None, metavar="FILE",
+                   help="the scheduler's public certificate: CurveZMQ (with --curve-secret-key)")
+    p.add_argument("--curve-secret-key", default=None, metavar="FILE", help="this worker's secret certificate")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM: at most this long serving the scheduler's last plans before leaving")
     add_cli_args(p)
     return p.parse_args(argv)
 
@@ -47,6 +55,7 @@ def main(argv=None) -> int:
         if num_devices:
             return devices.run_per_device(argv, num_devices, args.worker_id)
         args.device = "cpu"
+    curve_keys = connecting_keys("worker", args.curve_server_key, args.curve_secret_key)  # before the model loads
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -58,10 +67,15 @@ def main(argv=None) -> int:
     # Every rank says hello and heartbeats; only rank 0 answers steps.
     service = WorkerService(args.scheduler, runner, runner.hello(worker_id, group_id),
                             heartbeat_interval_s=args.heartbeat_interval,
-                            answers=runner.tp.is_driver)
+                            answers=runner.tp.is_driver, curve_keys=curve_keys,
+                            drain_timeout_s=args.drain_timeout_s)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
-    service.serve()
+    try:
+        service.serve()
+    except AuthenticationError as e:
+        logging.getLogger("stepserve.worker").error("AuthenticationError: %s", e)
+        return 2
     return 0
 
 

@@ -1,0 +1,53 @@
+"""Graceful drain: what the scheduler does between SIGTERM (or SIGINT) and its exit, code 0.
+
+It stops taking requests (new ones get `shutting_down`), lets the queued and running ones finish
+for up to drain_timeout_s, fails what is left with `shutting_down` (each client hears of each of
+its requests), then stops: the workers are told to shut down, and they finish the step they are
+in first. A second signal cuts the wait short. With no worker joined nothing can finish, so the
+drain does not wait for one.
+"""
+import asyncio
+import logging
+import time
+
+from protocol import ErrorCode
+
+logger = logging.getLogger("stepserve.scheduler")
+POLL_S = 0.05
+
+
+class Drain:
+    def __init__(self, service, timeout_s: float = 30.0):
+        self.service = service
+        self.timeout_s = timeout_s
+        self._task: asyncio.Task | None = None
+        self._cut_short = asyncio.Event()
+
+    def begin(self) -> None:
+        """The signal handler: the first call starts the drain, a second one ends it now."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        else:
+            logger.warning("second stop signal: failing what is left now")
+            self._cut_short.set()
+
+    async def _run(self) -> None:
+        service = self.service
+        service.admission.draining = True
+        logger.info("draining: %d requests to finish in at most %.1f s", len(service.book), self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        while len(service.book) and service.replicas and not self._cut_short.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._cut_short.wait(), min(POLL_S, left))
+            except asyncio.TimeoutError:
+                pass
+        num_left = len(service.book)
+        if num_left:
+            logger.warning("drain: %d requests not finished; failing them", num_left)
+        service.fail_all(ErrorCode.SHUTTING_DOWN, "the scheduler shut down before this request finished "
+                                                  f"(--drain-timeout-s {self.timeout_s:g})")
+        await service.flush_outputs()
+        service.stop()

@@ -1,0 +1,121 @@
+"""Backpressure and input limits, with real processes on loopback: past --max-queued-requests each
+request that does not fit gets `overloaded` at once; a waiting request costs the scheduler no
+more memory than before (~600 bytes); a flood far larger than the limit completes through the
+SDK's window; every bound on a request's fields fails that request alone.
+
+Memory per waiting request, measured in the scheduler process (Request, prompt list, sampling
+params, the book's entries) with 16-token prompts: 983 bytes before this work (main), 956 after;
+the core alone holds ~600 (benchmarks/scheduler_overhead.py)."""
+import asyncio
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from benchmarks.flood import flood, rss_mb
+from client_sdk import AsyncClient, SamplingParams
+from client_sdk.launcher import LocalCluster
+from protocol import ErrorCode, PROTOCOL_VERSION
+from protocol.client_messages import ErrorReply, Generate, GenerateRequest, RequestOutputs
+from protocol.codec import encode, scheduler_to_client_decoder
+from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUESTS_PER_MESSAGE
+from tests.test_e2e_restarts import WORKER_ARGS
+
+PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
+
+
+class RawClient:
+    """A bare DEALER speaking the client protocol (a test tool): sends frames, collects outputs."""
+
+    def __init__(self, address: str):
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.connect(address)
+        self.decoder = scheduler_to_client_decoder()
+        self.outputs: dict[str, list] = {}
+
+    async def send(self, frame: bytes) -> None:
+        await self.sock.send(frame)
+
+    async def receive_until(self, done, timeout_s: float = 30):
+        """Reads replies until done(self) holds; returns the ErrorReplies seen."""
+        errors = []
+        while not done(self):
+            reply = self.decoder.decode(await asyncio.wait_for(self.sock.recv(), timeout_s))
+            if isinstance(reply, ErrorReply):
+                errors.append(reply)
+            elif isinstance(reply, RequestOutputs):
+                for output in reply.outputs:
+                    self.outputs.setdefault(output.request_id, []).append(output)
+        return errors
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def generate(ids: list[str], prompt_len: int = 16) -> Generate:
+    return Generate([GenerateRequest(rid, [5 + i % 900 for i in range(prompt_len)], PARAMS) for rid in ids])
+
+
+async def test_past_the_limit_each_request_is_refused_at_once_and_a_waiting_one_costs_under_1000_bytes():
+    with LocalCluster("unused", 0, scheduler_args=["--max-queued-requests", "100050"]) as cluster:  # no worker
+        raw = RawClient(cluster.address)
+        try:
+            rss_before = rss_mb(cluster.scheduler.pid, "VmRSS")
+            for start in range(0, 100_000, MAX_REQUESTS_PER_MESSAGE):
+                await raw.send(encode(generate([f"r{i}" for i in range(start, min(start + 4096, 100_000))])))
+            await raw.send(encode(generate([f"x{i}" for i in range(200)])))
+            await raw.receive_until(lambda r: len(r.outputs) == 150)
+            assert all(o[0].error_code == ErrorCode.OVERLOADED for o in raw.outputs.values())
+            async with AsyncClient(cluster.address, timeout_s=30) as client:
+                health = await client.health()
+            assert health.num_waiting == 100_050
+            per_request = (rss_mb(cluster.scheduler.pid, "VmRSS") - rss_before) * (1 << 20) / 100_050
+            print(f"scheduler memory per waiting request (16-token prompts): {per_request:.0f} bytes")
+            assert per_request < 1000
+        finally:
+            raw.close()
+
+
+async def test_a_flood_many_times_the_limit_completes_through_the_window():
+    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS,
+                      scheduler_args=["--max-queued-requests", "4000", "--max-num-seqs", "512"]) as cluster:
+        result = await flood(cluster, 20_000, prompt_len=4, window=None)  # the SDK's default: half the limit
+    print(f"flood: {result}")
+    assert result["num_completed"] == 20_000 and result["errors"] == []
+    assert result["scheduler_peak_rss_mb"] < 400
+
+
+async def test_each_limit_fails_its_request_alone():
+    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS) as cluster:
+        raw = RawClient(cluster.address)
+        try:
+            def request(rid, prompt=(5, 6, 7), **params):
+                fields = {**msgspec.to_builtins(PARAMS), **params}
+                return [rid, list(prompt), fields, 0, False]
+
+            bad = [request("long-prompt", [5] * (MAX_PROMPT_TOKENS + 1)), request("many-tokens", max_tokens=1 << 21),
+                   request("many-stops", stop_token_ids=list(range(2000))), request("many-logprobs", logprobs=21),
+                   request("x" * 257)]
+            good = request("good")
+            frame = bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode({"type": "Generate", "requests": [*bad, good]})
+            await raw.send(frame)
+            await raw.receive_until(lambda r: len(r.outputs) == 5)
+            assert {rid for rid, o in raw.outputs.items() if o[-1].error_code == ErrorCode.INVALID_PARAMS} == {
+                "long-prompt", "many-tokens", "many-stops", "many-logprobs"}  # the 257-character id: no answer
+            assert raw.outputs["good"][-1].finish_reason == "length"
+
+            too_many = [request(f"m{i}") for i in range(MAX_REQUESTS_PER_MESSAGE + 1)]
+            await raw.send(bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode({"type": "Generate",
+                                                                                "requests": too_many}))
+            await raw.receive_until(lambda r: len(r.outputs) == 5 + len(too_many))
+            assert all(raw.outputs[f"m{i}"][0].error_code == ErrorCode.INVALID_PARAMS for i in range(len(too_many)))
+            abort = {"type": "Abort", "request_ids": [f"a{i}" for i in range(MAX_REQUESTS_PER_MESSAGE + 1)]}
+            await raw.send(bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode(abort))
+            reply = raw.decoder.decode(await asyncio.wait_for(raw.sock.recv(), 10))
+            assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.BAD_FRAME
+        finally:
+            raw.close()
+        async with AsyncClient(cluster.address, timeout_s=30) as client:
+            assert (await client.generate([5, 6, 7], PARAMS)).outputs[0].finish_reason == "length"

@@ -1,0 +1,137 @@
+"""Restarts and crashes, with real processes on loopback: a scheduler killed with SIGKILL and
+started again (workers rejoin on their own, clients get errors for what was lost, then are
+served), a worker killed with SIGKILL under the priority policy (noticed by its closed
+connection, not after --worker-timeout), and a request timeout against no scheduler at all."""
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from client_sdk import AsyncClient, SamplingParams, ServiceError
+from client_sdk.launcher import LocalCluster
+from protocol import ErrorCode
+from tests.e2e_helpers import wait_until_idle, wait_until_workers_hold_nothing
+from tests.test_compose import free_port
+from tests.test_e2e_service import random_prompts
+
+WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--threads", "1"]
+SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
+LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=300)
+
+
+async def test_a_killed_scheduler_restarts_and_its_worker_and_clients_carry_on():
+    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS, scheduler_args=["--max-num-seqs", "16"]) as cluster:
+        async with AsyncClient(cluster.address, timeout_s=30) as client:
+            await client.wait_for_workers(1)
+            before = (await client.health()).instance_id
+            reference = await client.generate_batch(random_prompts(300, 1000, seed=1), SHORT)
+
+            async def stream() -> list:
+                return [d async for d in client.stream([5, 6, 7], LONG)]
+
+            streaming = asyncio.ensure_future(stream())
+            batch = asyncio.ensure_future(client.generate_batch(random_prompts(300, 1000, seed=1), SHORT))
+            while (await client.health()).num_running == 0:
+                await asyncio.sleep(0.01)
+            os.kill(cluster.scheduler.pid, signal.SIGKILL)
+            with pytest.raises(ServiceError) as err:
+                await asyncio.wait_for(streaming, 10)
+            assert err.value.code == ErrorCode.SCHEDULER_RESTARTED
+            outputs = await asyncio.wait_for(batch, 10)  # every output, none hanging
+            lost = [o for o in outputs if not o.ok]
+            assert lost and all(o.error_code == ErrorCode.SCHEDULER_RESTARTED for o in lost)
+            assert all(o.outputs[0].token_ids == r.outputs[0].token_ids for o, r in zip(outputs, reference) if o.ok)
+
+            cluster.scheduler.wait()
+            started = time.monotonic()
+            cluster.start_scheduler()  # the same ports; the worker was not touched
+            health = await client.wait_for_workers(1, timeout_s=10)
+            rejoined_s = time.monotonic() - started
+            assert health.instance_id != before
+            again = await client.generate_batch(random_prompts(300, 1000, seed=1), SHORT)
+            served_s = time.monotonic() - started
+            assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in reference]
+            assert served_s < 10, f"rejoined in {rejoined_s:.1f} s, served in {served_s:.1f} s"
+            print(f"worker rejoined {rejoined_s:.2f} s after the scheduler restarted; 300 requests served by "
+                  f"{served_s:.2f} s")
+            assert cluster.worker_procs[0].poll() is None, "the worker was never restarted"
+            health = await wait_until_workers_hold_nothing(client)
+            assert health.worker_kv_blocks_in_use == 0, "the worker forgot the old scheduler's requests"
+
+
+async def test_a_request_times_out_when_no_scheduler_answers():
+    async with AsyncClient(f"tcp://127.0.0.1:{free_port()}", request_timeout_s=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(ServiceError) as err:
+            await client.generate([5, 6, 7], SHORT)
+        assert err.value.code == ErrorCode.TIMEOUT and time.monotonic() - started < 3
+        outputs = await client.generate_batch([[5], [6]], SHORT)
+        assert [o.error_code for o in outputs] == [ErrorCode.TIMEOUT] * 2
+
+
+async def kill_and_wait(client: AsyncClient, proc) -> None:
+    """SIGKILL, then wait until the scheduler has dropped it."""
+    num_workers = (await client.health()).num_workers
+    proc.kill()
+    proc.wait()
+    while (await client.health()).num_workers == num_workers:
+        await asyncio.sleep(0.01)
+
+
+async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_the_priority_policy():
+    # The priority policy puts requests requeued from dead replicas and waiting ones in one heap;
+    # --worker-timeout stays at 10 s, so only the closed connection can explain a short gap.
+    with LocalCluster("micro-llama", 2, worker_args=WORKER_ARGS,
+                      scheduler_args=["--max-num-seqs", "32", "--policy", "priority"]) as cluster:
+        async with AsyncClient(cluster.address, timeout_s=30) as client:
+            await client.wait_for_workers(2)
+            prompts = random_prompts(1500, 1000, seed=4)
+
+            # Both young replicas die in turn: their requests wait in one heap, numbered by both
+            # cores. With two arrival counters, equal (priority, arrival) keys made heapq compare
+            # two Requests and the scheduler's step loop fail; with one they run in order.
+            batch = asyncio.ensure_future(client.generate_batch(prompts, SHORT))
+            while (await client.health()).num_finished < 100:
+                await asyncio.sleep(0.01)
+            for proc in list(cluster.worker_procs):
+                await kill_and_wait(client, proc)
+            cluster.add_worker()
+            survived = [o.outputs[0].token_ids for o in await asyncio.wait_for(batch, 120)]
+            reference = [o.outputs[0].token_ids for o in await client.generate_batch(prompts, SHORT)]
+            assert survived == reference
+
+            cluster.add_worker()
+            await client.wait_for_workers(2)
+            stream_prompts = random_prompts(6, 1000, lengths=(5,), seed=5)
+            stream_reference = [o.outputs[0].token_ids for o in await client.generate_batch(stream_prompts, LONG)]
+
+            async def timed_stream(prompt) -> tuple[list[int], float]:
+                tokens, last, longest_gap = [], time.monotonic(), 0.0
+                async for delta in client.stream(prompt, LONG, priority=1):
+                    now = time.monotonic()
+                    longest_gap, last = max(longest_gap, now - last), now
+                    tokens += delta.token_ids
+                return tokens, longest_gap
+
+            streams = [asyncio.ensure_future(timed_stream(p)) for p in stream_prompts]
+            batches = [asyncio.ensure_future(client.generate_batch(prompts[i::3], SHORT, priority=i % 2))
+                       for i in range(3)]
+            finished_at_start = (await client.health()).num_finished
+            while (await client.health()).num_finished < finished_at_start + 200:
+                await asyncio.sleep(0.02)
+            assert not any(s.done() for s in streams)
+            os.kill(next(p for p in cluster.worker_procs if p.poll() is None).pid, signal.SIGKILL)
+            outputs = [await asyncio.wait_for(b, 120) for b in batches]
+            for i, part in enumerate(outputs):
+                assert [o.outputs[0].token_ids for o in part] == reference[i::3]
+            gaps = []
+            for stream, expected in zip(streams, stream_reference):
+                tokens, gap = await asyncio.wait_for(stream, 120)
+                assert tokens == expected, "a stream repeated or skipped a token"
+                gaps.append(gap)
+            print(f"longest stream gap after a worker's SIGKILL: {max(gaps):.3f} s")
+            assert max(gaps) < 2.0
+            health = await wait_until_idle(client)
+            assert health.num_workers == 1 and health.num_free_blocks == health.num_total_blocks
