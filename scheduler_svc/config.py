@@ -18,6 +18,9 @@ class SchedulerConfig:
     # Share the KV of full blocks whose tokens (and all before them) equal a cached block's.
     # Attention models only: the core turns it off where the worker holds Mamba state slots.
     enable_prefix_caching: bool = True
+    # Plan step N+1 while the worker runs step N (two plans in flight); the service's choice,
+    # the core allows it either way. The default measured faster (README, benchmarks/async_scheduling.py).
+    async_scheduling: bool = True
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
