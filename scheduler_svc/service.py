@@ -391,7 +391,7 @@ class SchedulerService:
         With async scheduling the next plan is made and sent before the answer to the one in
         flight is awaited, so the worker finds it waiting when its step ends."""
         core = replica.core
-        depth = 2 if self.config.async_scheduling else 1
+        depth = self.config.plans_in_flight(replica.hello.device)
         sent: deque[tuple[StepPlan, asyncio.Future]] = deque()
         while replica.alive:
             if len(sent) < depth:
