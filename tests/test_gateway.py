@@ -92,13 +92,14 @@ def test_stop_strings_cut_the_output_and_abort_the_request(api, cluster):
     stop = text[12:15]
     cut = text.find(stop)
     aborts_before = scheduler_metrics(cluster).get(("stepserve:request_success_total", (("finished_reason", "abort"),)), 0)
-    r = api.completions.create(model=MODEL, prompt="stop here", max_tokens=40, stop=[stop, "never-seen"], **GREEDY)
+    # max_tokens far past the match: the abort reaches the scheduler long before the length limit.
+    r = api.completions.create(model=MODEL, prompt="stop here", max_tokens=200, stop=[stop, "never-seen"], **GREEDY)
     choice = r.choices[0]
     assert (choice.text, choice.finish_reason, choice.stop_reason) == (text[:cut], "stop", stop)
     assert r.usage.completion_tokens < 40
-    streamed = api.completions.create(model=MODEL, prompt="stop here", max_tokens=40, stop=stop, stream=True, **GREEDY)
+    streamed = api.completions.create(model=MODEL, prompt="stop here", max_tokens=200, stop=stop, stream=True, **GREEDY)
     assert "".join(c.choices[0].text for c in streamed) == text[:cut]
-    kept = api.completions.create(model=MODEL, prompt="stop here", max_tokens=40, stop=stop,
+    kept = api.completions.create(model=MODEL, prompt="stop here", max_tokens=200, stop=stop,
                                   extra_body={"ignore_eos": True, "include_stop_str_in_output": True}, temperature=0)
     assert kept.choices[0].text == text[:cut + len(stop)]
     # The scheduler stopped each of the three at the match (an abort there), not at max_tokens.
