@@ -6,6 +6,7 @@ and the same number of steady-state steps with a full running batch is timed for
 
     python -m benchmarks.scheduler_overhead --sizes 1000,10000,100000,1000000 --json
     python -m benchmarks.scheduler_overhead --sizes 1000,1000000 --enable-prefix-caching [--prefix-len 64]
+    python -m benchmarks.scheduler_overhead --sizes 1000,1000000 --plans-in-flight 2   (async scheduling)
 
 With --enable-prefix-caching the core hashes, looks up and registers blocks as it would serve;
 --prefix-len N puts a shared prefix of N tokens before each prompt, so lookups hit and blocks
@@ -18,6 +19,7 @@ import random
 import resource
 import statistics
 import time
+from collections import deque
 
 from protocol.sampling import SamplingParams
 from protocol.worker_messages import StepResult
@@ -83,19 +85,24 @@ def run_size(num_waiting: int, args) -> dict:
     executor = RandomTokenExecutor(seed=num_waiting)
     step_us, num_tokens, num_full = [], 0, 0
     perf = time.perf_counter
+    inflight = deque()  # (plan, result): with --plans-in-flight 2 the next plan is made first
     for step in range(args.warmup_steps + args.steps):
         t0 = perf()
         plan = scheduler.schedule()
         t1 = perf()
-        result = executor.run(plan)
+        if plan is not None:  # None: every running request awaits its last token
+            inflight.append((plan, executor.run(plan)))
+        updates = []
         t2 = perf()
-        updates = scheduler.update(plan, result)
+        if len(inflight) == args.plans_in_flight or plan is None:
+            updates = scheduler.update(*inflight.popleft())
         t3 = perf()
         if step >= args.warmup_steps:
             step_us.append((t1 - t0 + t3 - t2) * 1e6)
-            num_tokens += sum(d.num_new_tokens for d in plan.new_requests)
-            num_tokens += sum(d.num_new_tokens for d in plan.running_requests)
-            num_full += plan.num_scheduled == args.max_num_seqs
+            if plan is not None:
+                num_tokens += sum(d.num_new_tokens for d in plan.new_requests)
+                num_tokens += sum(d.num_new_tokens for d in plan.running_requests)
+                num_full += plan.num_scheduled == args.max_num_seqs
         for update in updates:  # hold the queue at num_waiting
             if update.finish_reason is not None:
                 scheduler.add_request(workload.new_request())
@@ -113,6 +120,7 @@ def run_size(num_waiting: int, args) -> dict:
         "peak_rss_mb": round(_peak_rss_mb(), 1),
         "gc_tuning": not args.no_gc_tuning,
         "prefix_caching": args.enable_prefix_caching,
+        "plans_in_flight": args.plans_in_flight,
         "prefix_cache_hit_tokens": scheduler.block_manager.num_prefix_cache_hits,
     }
     del scheduler, workload
@@ -134,6 +142,8 @@ def main() -> None:
     parser.add_argument("--no-gc-tuning", action="store_true")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--prefix-len", type=int, default=0, help="a shared prefix before each prompt")
+    parser.add_argument("--plans-in-flight", type=int, choices=[1, 2], default=1,
+                        help="2: async scheduling (the next plan is made before the last result is applied)")
     parser.add_argument("--json", action="store_true", help="one JSON object per size, then the table")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
