@@ -382,10 +382,6 @@ class Scheduler:
         return bool(self._inflight)
 
     @property
-    def num_plans_in_flight(self) -> int:
-        return len(self._inflight)
-
-    @property
     def has_pending_ids(self) -> bool:
         return bool(self._pending_finished)
 
