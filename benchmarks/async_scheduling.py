@@ -15,11 +15,7 @@ import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.prefix_caching import maybe_locked
-from benchmarks.throughput import add_throughput_args, measure
-from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, cluster_args
-from client_sdk.launcher import LocalCluster
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args
 
 MODES = ("async", "sync")
 
@@ -27,14 +23,7 @@ MODES = ("async", "sync")
 async def run_once(args: argparse.Namespace, mode: str) -> dict:
     run_args = copy.copy(args)
     run_args.async_scheduling = mode == "async"
-    scheduler, worker = cluster_args(run_args)
-    with maybe_locked(args.lock_file), LocalCluster(args.model, args.workers, scheduler_args=scheduler,
-                                                    worker_args=worker) as cluster:
-        client = AsyncClient(cluster.address)
-        try:
-            result = await measure(client, run_args)
-        finally:
-            await client.close()
+    result = await measure_on_fresh_cluster(run_args)
     return {"scheduling": mode, **result}
 
 
@@ -68,16 +57,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.async_scheduling", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_cluster_flags(parser)
-    add_throughput_args(parser)
+    parser = mode_parser("python -m benchmarks.async_scheduling", __doc__, "async/sync pairs")
     parser.set_defaults(model="micro-llama", num_prompts=10000)
-    parser.add_argument("--rounds", type=int, default=3, help="async/sync pairs")
-    parser.add_argument("--lock-file", default=None, help="flock this file around each run")
-    args = parser.parse_args(argv)
-    if args.address is not None:
-        parser.error("--address: each run starts its own cluster")
+    args = parse_mode_args(parser, argv)
     return asyncio.run(run(args))
 
 

@@ -14,47 +14,22 @@ shares a machine with other heavy jobs without holding it between runs.
 """
 import argparse
 import asyncio
-import contextlib
 import copy
-import fcntl
 import json
 import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.throughput import add_throughput_args, measure
-from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, cluster_args
-from client_sdk.launcher import LocalCluster
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args
 
 MODES = {"on": "--enable-prefix-caching", "off": "--no-enable-prefix-caching"}
-
-
-@contextlib.contextmanager
-def maybe_locked(path: str | None):
-    if path is None:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 async def run_once(args: argparse.Namespace, workload: str, mode: str) -> dict:
     run_args = copy.copy(args)
     run_args.prefix_len = args.prefix_len if workload == "shared" else 0
     run_args.enable_prefix_caching = None  # the mode's flag below decides
-    scheduler, worker = cluster_args(run_args)
-    with maybe_locked(args.lock_file), LocalCluster(args.model, args.workers, scheduler_args=scheduler + [MODES[mode]],
-                                                    worker_args=worker) as cluster:
-        client = AsyncClient(cluster.address)
-        try:
-            result = await measure(client, run_args)
-        finally:
-            await client.close()
+    result = await measure_on_fresh_cluster(run_args, [MODES[mode]])
     return {"workload": workload, "prefix_caching": mode, **result}
 
 
@@ -89,17 +64,10 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.prefix_caching", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_cluster_flags(parser)
-    add_throughput_args(parser)
+    parser = mode_parser("python -m benchmarks.prefix_caching", __doc__, "on/off pairs per workload")
     parser.set_defaults(num_prompts=2000, prefix_len=1024, input_len=32, output_len=16)
-    parser.add_argument("--rounds", type=int, default=3, help="on/off pairs per workload")
     parser.add_argument("--workloads", default="shared,unshared")
-    parser.add_argument("--lock-file", default=None, help="flock this file around each run")
-    args = parser.parse_args(argv)
-    if args.address is not None:
-        parser.error("--address: each run starts its own cluster")
+    args = parse_mode_args(parser, argv)
     return asyncio.run(run(args))
 
 

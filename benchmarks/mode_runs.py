@@ -1,0 +1,54 @@
+"""What the A/B benchmarks share (prefix_caching.py, async_scheduling.py): their command line,
+and one throughput run on a fresh local cluster, optionally under a file lock."""
+import argparse
+import contextlib
+import fcntl
+
+from benchmarks.throughput import add_throughput_args, measure
+from client_sdk.client import AsyncClient
+from client_sdk.cluster_args import add_cluster_flags, cluster_args
+from client_sdk.launcher import LocalCluster
+
+
+def mode_parser(prog: str, doc: str, rounds_help: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cluster_flags(parser)
+    add_throughput_args(parser)
+    parser.add_argument("--rounds", type=int, default=3, help=rounds_help)
+    parser.add_argument("--lock-file", default=None, help="flock this file around each run")
+    return parser
+
+
+def parse_mode_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.address is not None:
+        parser.error("--address: each run starts its own cluster")
+    return args
+
+
+@contextlib.contextmanager
+def maybe_locked(path: str | None):
+    """An exclusive flock around one run (not the whole series), so a long series shares a
+    machine with other heavy jobs without holding it between runs."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+async def measure_on_fresh_cluster(args: argparse.Namespace, extra_scheduler_args: list[str] = ()) -> dict:
+    """`stepserve bench throughput`'s measurement on a local cluster started from args' flags."""
+    scheduler, worker = cluster_args(args)
+    with maybe_locked(args.lock_file), LocalCluster(args.model, args.workers,
+                                                    scheduler_args=scheduler + list(extra_scheduler_args),
+                                                    worker_args=worker) as cluster:
+        client = AsyncClient(cluster.address)
+        try:
+            return await measure(client, args)
+        finally:
+            await client.close()
