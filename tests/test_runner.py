@@ -160,5 +160,11 @@ def test_the_fused_greedy_head_picks_what_the_full_logits_pick(runner, num_rows)
                          generator=torch.Generator().manual_seed(num_rows))
     with torch.inference_mode():
         fused = runner.executor.greedy_tokens(hidden)
-        unfused = argmax_rows(runner.executor.logits(hidden))
-    assert fused.shape == (num_rows,) and (fused == unfused).all()
+        logits = runner.executor.logits(hidden)
+    unfused = argmax_rows(logits)
+    assert fused.shape == (num_rows,)
+    # The two graphs may round a float32 matmul differently (thread count, kernel): compare the
+    # rows whose best token is ahead of the second by more than rounding can move it.
+    top2 = logits.topk(2, dim=-1).values
+    clear = ((top2[:, 0] - top2[:, 1]) > 1e-4 * top2[:, 0].abs().clamp(min=1)).numpy()
+    assert clear.sum() >= num_rows // 2 and (fused[clear] == unfused[clear]).all()
