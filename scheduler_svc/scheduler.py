@@ -227,7 +227,7 @@ class Scheduler:
         """Whether the tokens it awaits reach max_tokens or the length limit (check_stop's rule)."""
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders
         return (num_outputs >= request.params.max_tokens
-                or len(request.prompt_token_ids) + num_outputs >= self.max_len)
+                or request.num_prompt_tokens + num_outputs >= self.max_len)
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         del self._running[request.request_id]
@@ -288,7 +288,7 @@ class Scheduler:
         assert not request.num_inflight_tokens, f"{request} starts with a step of it in flight"
         request.status = RUNNING
         batch.new_requests.append(NewRequestData(
-            request.request_id, request.all_token_ids, len(request.prompt_token_ids),
+            request.request_id, request.all_token_ids, request.num_prompt_tokens,
             request.params, list(request.block_ids), request.num_computed_tokens, num_new))
         request.num_blocks_sent = len(request.block_ids)
         batch.new_scheduled.append(request)

@@ -284,7 +284,7 @@ class SchedulerService:
         if self.metrics is not None:
             self.metrics.on_end(request, reason)
         if error is not None:
-            output = error_output(request_id, len(request.prompt_token_ids), *error)
+            output = error_output(request_id, request.num_prompt_tokens, *error)
         else:
             output = output_for(request, [], None, reason)
         if output is not None:
@@ -305,7 +305,7 @@ class SchedulerService:
         self.book.forget(request)
         if self.metrics is not None:
             self.metrics.on_end(request, "error")
-        self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids), code, message))
+        self.outputs.add(request.client, error_output(request.request_id, request.num_prompt_tokens, code, message))
 
     async def flush_outputs(self) -> None:
         for client, outputs in self.outputs.take().items():
@@ -427,7 +427,7 @@ class SchedulerService:
         for update in updates:
             request = update.request
             if update.finish_reason == "error":
-                output = error_output(request.request_id, len(request.prompt_token_ids), ErrorCode.WORKER_ERROR,
+                output = error_output(request.request_id, request.num_prompt_tokens, ErrorCode.WORKER_ERROR,
                                       step_error or "the worker returned no token for this request")
             else:
                 output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
