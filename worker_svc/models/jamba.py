@@ -114,8 +114,8 @@ class JambaForCausalLM(nn.Module):
         self.requires_grad_(False)
 
     def cache_spec(self) -> CacheSpec:
-        attn = next((l.self_attn for l in self.layers if l.is_attention), None)
-        mixer = next((l.mamba for l in self.layers if not l.is_attention), None)
+        attn = next((layer.self_attn for layer in self.layers if layer.is_attention), None)
+        mixer = next((layer.mamba for layer in self.layers if not layer.is_attention), None)
         return CacheSpec(
             num_attention_layers=self.num_attention_layers,
             num_kv_heads=attn.num_kv_heads if attn else 0,
