@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 
+from client_sdk import __version__
 from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
 from client_sdk.launcher import LocalCluster
 from client_sdk.sync_client import Client
@@ -116,6 +117,7 @@ def add_worker_address_flag(p: argparse.ArgumentParser, default: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="stepserve", description="stepserve LLM inference server")
+    parser.add_argument("--version", action="version", version=f"stepserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start a scheduler and N workers here; Ctrl-C stops all")
