@@ -10,16 +10,15 @@ Caches: the i-th attention layer uses caches.kv[i] (paged KV), the j-th Mamba la
 caches.conv[j] / caches.ssm[j] (rows by state slot); the runner needs both kinds.
 """
 import math
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from worker_svc.attention import attention
 from worker_svc.forward_context import get_forward_context
-from worker_svc.models.base import CacheSpec
+from worker_svc.models.base import CacheSpec, CausalLM
 from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
-from worker_svc.models.layers import RMSNorm, load_hf_weights
+from worker_svc.models.layers import RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.parallel import TensorParallel
 
@@ -82,7 +81,7 @@ class JambaDecoderLayer(nn.Module):
         return h + self.feed_forward(self.pre_ff_layernorm(h))
 
 
-class JambaForCausalLM(nn.Module):
+class JambaForCausalLM(CausalLM):
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         """tp: always one rank (supports_tensor_parallel is False; the loader says so)."""
         super().__init__()
@@ -135,18 +134,7 @@ class JambaForCausalLM(nn.Module):
             h = layer(h, index, context)
         return self.final_layernorm(h)
 
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        skip = ("lm_head.",) if self.tie_word_embeddings else ()
-        load_hf_weights(self, weights, prefixes=("model.",), skip=skip, load_special=self._load_expert)
-
-    def _load_expert(self, name: str, tensor: torch.Tensor) -> str | None:
+    def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
         """A per-expert checkpoint tensor into the fused experts; the name covered, or None."""
         head, sep, suffix = name.partition(".feed_forward.experts.")
         if not sep:

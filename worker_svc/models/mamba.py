@@ -4,16 +4,15 @@ Every layer is a state-space layer: RMSNorm -> MambaMixer -> residual. No attent
 cache; the runner holds one conv and one SSM state tensor per layer, indexed by state slot.
 """
 import math
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from worker_svc.forward_context import get_forward_context
-from worker_svc.models.base import CacheSpec
-from worker_svc.models.layers import RMSNorm, load_hf_weights
-from worker_svc.parallel import TensorParallel
+from worker_svc.models.base import CacheSpec, CausalLM
+from worker_svc.models.layers import RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
+from worker_svc.parallel import TensorParallel
 
 
 class MambaBlock(nn.Module):
@@ -33,7 +32,10 @@ class MambaBlock(nn.Module):
         return residual + hidden  # keeps the residual's dtype (float32 when residual_in_fp32)
 
 
-class MambaForCausalLM(nn.Module):
+class MambaForCausalLM(CausalLM):
+    input_embedding = "embeddings"
+    hf_prefixes = ("backbone.",)
+
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         """tp: always one rank (supports_tensor_parallel is False; the loader says so)."""
         super().__init__()
@@ -74,15 +76,5 @@ class MambaForCausalLM(nn.Module):
                              context.caches.ssm[i], self.dtype)
         return self.norm_f(residual.to(self.dtype))
 
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        # The tied head is the embedding; a saved copy must equal it.
-        skip = ("lm_head.",) if self.tie_word_embeddings else ()
-        load_hf_weights(self, weights, prefixes=("backbone.",), skip=skip,
-                        rename=lambda name: name.replace("embedding.", "embeddings."))
+    def hf_name(self, name: str) -> str:
+        return name.replace("embedding.", "embeddings.")
