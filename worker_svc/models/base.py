@@ -68,6 +68,12 @@ class CausalLM(nn.Module):
     hf_skip: tuple[str, ...] = ()  # checkpoint names (substrings) that hold no parameter
     tie_word_embeddings: bool
 
+    def cache_spec(self) -> CacheSpec:
+        """An attention-only model's: every layer's self_attn holds this rank's KV heads."""
+        attn = self.layers[0].self_attn
+        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_kv_heads,
+                         head_dim=attn.head_dim)
+
     @property
     def lm_head_weight(self) -> torch.Tensor:  # [vocab, hidden]
         if self.tie_word_embeddings:

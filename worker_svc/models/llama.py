@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.attention import attention
-from worker_svc.models.base import CacheSpec, CausalLM
+from worker_svc.models.base import CausalLM
 from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
@@ -107,11 +107,6 @@ class LlamaForCausalLM(CausalLM):
         attn = self.layers[0].self_attn
         self.rotary = RotaryEmbedding(attn.head_dim, config.get("max_position_embeddings", 2048),
                                       _rope_theta(config), dtype)
-
-    def cache_spec(self) -> CacheSpec:
-        attn = self.layers[0].self_attn
-        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_kv_heads,
-                         head_dim=attn.head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]

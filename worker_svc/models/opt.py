@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.attention import attention
-from worker_svc.models.base import CacheSpec, CausalLM
+from worker_svc.models.base import CausalLM
 from worker_svc.models.layers import Embedding, Linear
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
@@ -35,6 +35,7 @@ class OPTAttention(nn.Module):
         num_heads = config["num_attention_heads"]
         self.head_dim = hidden_size // num_heads
         self.num_heads = tp.divide(num_heads, "num_attention_heads")  # this rank's heads
+        self.num_kv_heads = self.num_heads  # no grouped-query attention
         bias = config.get("enable_bias", True)
         self.qkv_proj = ColumnParallelLinear(hidden_size, (hidden_size,) * 3, bias, dtype, tp,
                                              what="attention heads")
@@ -98,11 +99,6 @@ class OPTForCausalLM(CausalLM):
         self.tie_word_embeddings = config.get("tie_word_embeddings", True)
         if not self.tie_word_embeddings:
             self.lm_head = Linear(embed_dim, config["vocab_size"], False, dtype)
-
-    def cache_spec(self) -> CacheSpec:
-        attn = self.layers[0].self_attn
-        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_heads,
-                         head_dim=attn.head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, embed_dim]
