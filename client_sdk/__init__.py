@@ -1,4 +1,6 @@
 """The stepserve Python SDK: AsyncClient, Client (blocking) and LLM (local offline runs)."""
+from importlib.metadata import PackageNotFoundError, version
+
 from client_sdk.client import AsyncClient
 from client_sdk.errors import AuthenticationError, ChatTemplateError, RequestError, ServiceError
 from client_sdk.llm import LLM
@@ -6,5 +8,10 @@ from client_sdk.outputs import CompletionOutput, Logprob, RequestOutput, StreamD
 from client_sdk.sync_client import Client
 from protocol.sampling import SamplingParams
 
-__all__ = ["AsyncClient", "Client", "LLM", "RequestOutput", "CompletionOutput", "Logprob", "StreamDelta",
+try:
+    __version__ = version("stepserve")  # pyproject.toml's, the one place it is written
+except PackageNotFoundError:  # run from a checkout that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["__version__", "AsyncClient", "Client", "LLM", "RequestOutput", "CompletionOutput", "Logprob", "StreamDelta",
            "RequestError", "ServiceError", "AuthenticationError", "ChatTemplateError", "SamplingParams"]

@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 
+from client_sdk import __version__
 from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
 from client_sdk.launcher import LocalCluster
 from client_sdk.sync_client import Client
@@ -41,7 +42,7 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     scheduler, worker = cluster_args(args)
     return LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
-                        frontend=args.frontend, workers=args.workers_address, quiet=False,
+                        frontend=args.frontend, worker_address=args.worker_address, quiet=False,
                         tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys)
 
 
@@ -109,14 +110,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_worker_address_flag(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--worker-address", default=default, help="the scheduler's address for its workers")
+    p.add_argument("--workers-address", dest="deprecated_workers_address", default=None, help=argparse.SUPPRESS)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="stepserve", description="stepserve LLM inference server")
+    parser.add_argument("--version", action="version", version=f"stepserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start a scheduler and N workers here; Ctrl-C stops all")
     add_cluster_flags(up)
     up.add_argument("--frontend", default="tcp://127.0.0.1:5555")
-    up.add_argument("--workers-address", default="tcp://127.0.0.1:5556")
+    add_worker_address_flag(up, "tcp://127.0.0.1:5556")
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="scheduler, workers and an OpenAI-compatible gateway here; Ctrl-C stops all")
@@ -127,7 +134,7 @@ def main(argv=None) -> int:
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-num-requests", type=int, default=0)
     serve.add_argument("--frontend", default="tcp://127.0.0.1:*", help="the scheduler's SDK address")
-    serve.add_argument("--workers-address", default="tcp://127.0.0.1:*")
+    add_worker_address_flag(serve, "tcp://127.0.0.1:*")
     serve.set_defaults(func=cmd_serve)
 
     health = sub.add_parser("health", help="exit 0 when a scheduler answers (container healthchecks)")
@@ -171,6 +178,9 @@ def main(argv=None) -> int:
     serving.set_defaults(func=lambda a: asyncio.run(run_serving(a)))
 
     args = parser.parse_args(argv)
+    if getattr(args, "deprecated_workers_address", None) is not None:
+        print("warning: --workers-address is deprecated: use --worker-address", file=sys.stderr)
+        args.worker_address = args.deprecated_workers_address
     return args.func(args)
 
 

@@ -92,7 +92,6 @@ class AsyncClient:
         self._choice_ids_of: dict[str, list[str]] = {}  # a live request with n > 1 -> its choices' ids
         self._background: set[asyncio.Task] = set()
         self._max_queued_requests: int | None = None  # the scheduler's, asked for big batches
-        self.last_error: ErrorReply | None = None
 
     # ---- plumbing ------------------------------------------------------------------
 
@@ -131,7 +130,6 @@ class AsyncClient:
                 if sink is not None:
                     sink(output)
         elif isinstance(message, ErrorReply):
-            self.last_error = message
             self._fail_queries(ServiceError(message.code, message.message))
         else:
             waiting = self._queries[type(message)]

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 
 from client_sdk.child_processes import spawn, stop_all
@@ -27,9 +28,14 @@ GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
 class LocalCluster:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
-                 workers: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
-                 curve_keys: str | None = None):
-        """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes."""
+                 worker_address: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
+                 curve_keys: str | None = None, workers: str | None = None):
+        """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes;
+        worker_address: where the scheduler listens for them (workers=: its old name)."""
+        if workers is not None:
+            warnings.warn("LocalCluster(workers=ADDRESS) is deprecated: use worker_address=ADDRESS",
+                          DeprecationWarning, stacklevel=2)
+            worker_address = workers
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model = model
@@ -38,7 +44,7 @@ class LocalCluster:
         self.scheduler_args = list(scheduler_args)
         self.worker_args = list(worker_args)
         self.frontend = frontend
-        self.workers_address = workers
+        self.worker_address = worker_address
         self.quiet = quiet
         self.scheduler: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen] = []
@@ -49,6 +55,12 @@ class LocalCluster:
         self.curve_keys = curve_keys or os.environ.get(KEYS_DIR_ENV) or None
         self._processes: list[subprocess.Popen] = []  # every one started, for the finalizer
         self._finalizer = weakref.finalize(self, stop_all, self._processes)
+
+    @property
+    def workers_address(self) -> str:
+        """Deprecated: worker_address."""
+        warnings.warn("LocalCluster.workers_address is deprecated: use worker_address", DeprecationWarning, stacklevel=2)
+        return self.worker_address
 
     def _key(self, name: str) -> str:
         return os.path.join(self.curve_keys, name)
@@ -92,19 +104,19 @@ class LocalCluster:
                                    f"{_tail(proc.stderr_file)}")
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
-        self.start_scheduler(self.frontend, self.workers_address, timeout_s)
+        self.start_scheduler(self.frontend, self.worker_address, timeout_s)
         for _ in range(self.num_workers):
             self.add_replica()
         return self
 
-    def start_scheduler(self, frontend: str | None = None, workers: str | None = None,
+    def start_scheduler(self, frontend: str | None = None, worker_address: str | None = None,
                         timeout_s: float = 120.0) -> None:
         """(Re)starts the scheduler, by default on the addresses the last one bound."""
-        self.scheduler = self._popen("scheduler_svc", ["--frontend", frontend or self.address, "--workers",
-                                                       workers or self.workers_address, *self.scheduler_args,
+        self.scheduler = self._popen("scheduler_svc", ["--frontend", frontend or self.address, "--worker-address",
+                                                       worker_address or self.worker_address, *self.scheduler_args,
                                                        *self._curve_args("scheduler")],
                                      stdout=subprocess.PIPE)
-        self.address, self.workers_address, self.metrics_url = self._await_ready(self.scheduler, READY,
+        self.address, self.worker_address, self.metrics_url = self._await_ready(self.scheduler, READY,
                                                                                  timeout_s).groups()
 
     def start_gateway(self, args: list[str] = (), host: str = "127.0.0.1", port: int = 0,
@@ -157,7 +169,7 @@ class LocalCluster:
         if "--threads" not in args and "--device" not in args and num_procs > 1:
             # CPU workers side by side: split the cores, or their thread pools fight over them.
             args += ["--threads", str(max(1, (os.cpu_count() or 1) // num_procs))]
-        proc = self._popen("worker_svc", ["--scheduler", self.workers_address, "--model", self.model, *args,
+        proc = self._popen("worker_svc", ["--scheduler", self.worker_address, "--model", self.model, *args,
                                           *self._curve_args("worker")])
         self.worker_procs.append(proc)
         return proc

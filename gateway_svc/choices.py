@@ -44,7 +44,7 @@ async def _merged(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, obje
             async for item in stream:
                 queue.put_nowait((i, item))
             queue.put_nowait((i, done))
-        except BaseException as e:  # noqa: handed to the consumer, which re-raises it
+        except BaseException as e:  # handed to the consumer, which re-raises it
             queue.put_nowait((i, e))
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]

@@ -17,7 +17,6 @@ class ErrorCode:
     INVALID_PARAMS = "invalid_params"  # the request decoded but its values are out of range
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt (+ max_tokens) exceeds what the model can hold
     DUPLICATE_ID = "duplicate_id"  # a live request already has this id
-    UNKNOWN_REQUEST = "unknown_request"
     WORKER_ERROR = "worker_error"  # the worker failed while running this request
     INTERNAL = "internal"
     OVERLOADED = "overloaded"  # --max-queued-requests reached: retry later, or send fewer at once

@@ -49,11 +49,3 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             if not self.stop:
                 raise ValueError("a stop string must not be empty")
             self.stop = [self.stop]
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def uses_top_k(self) -> bool:
-        return self.top_k > 0

@@ -1,4 +1,4 @@
-"""python -m scheduler_svc --frontend tcp://127.0.0.1:5555 --workers tcp://127.0.0.1:5556
+"""python -m scheduler_svc --frontend tcp://127.0.0.1:5555 --worker-address tcp://127.0.0.1:5556
 [--curve-secret-key FILE --curve-authorized-keys DIR] [--max-queued-requests N] [--drain-timeout-s S]"""
 import argparse
 import asyncio
@@ -18,7 +18,9 @@ from scheduler_svc.service import SchedulerService
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scheduler_svc", description="stepserve scheduler")
     p.add_argument("--frontend", default="tcp://127.0.0.1:5555", help="address clients connect to")
-    p.add_argument("--workers", default="tcp://127.0.0.1:5556", help="address workers connect to")
+    p.add_argument("--worker-address", default="tcp://127.0.0.1:5556", help="address workers connect to")
+    # The old name, deprecated: `stepserve --workers N` is a count of replicas.
+    p.add_argument("--workers", dest="deprecated_workers", default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=16)
@@ -46,7 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: how long queued and running requests may take to finish before they fail")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.deprecated_workers is not None:
+        print("warning: python -m scheduler_svc --workers ADDRESS is deprecated: use --worker-address ADDRESS",
+              file=sys.stderr)
+        args.worker_address = args.deprecated_workers
+    return args
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -55,7 +62,7 @@ async def run(args: argparse.Namespace) -> None:
                              enable_chunked_prefill=not args.no_chunked_prefill,
                              enable_prefix_caching=args.enable_prefix_caching,
                              async_scheduling=args.async_scheduling)
-    service = SchedulerService(args.frontend, args.workers, config, worker_timeout_s=args.worker_timeout,
+    service = SchedulerService(args.frontend, args.worker_address, config, worker_timeout_s=args.worker_timeout,
                                max_message_bytes=args.max_message_mb << 20,
                                enable_metrics=args.metrics_port is not None,
                                max_queued_requests=args.max_queued_requests, drain_timeout_s=args.drain_timeout_s,

@@ -71,7 +71,7 @@ class BlockManager:
 
     def num_missing_blocks(self, request: Request, num_tokens: int) -> int:
         """Device blocks `request` lacks to hold its first num_tokens tokens."""
-        return max(0, -(-num_tokens // self.block_size) - len(request.block_ids))
+        return max(0, self.num_blocks_for(num_tokens) - len(request.block_ids))
 
     def can_allocate(self, request: Request, num_tokens: int) -> bool:
         return self.num_missing_blocks(request, num_tokens) <= self.gpu.num_free

@@ -48,4 +48,4 @@ class SchedulerMetrics:
     def on_end(self, request: Request, finish_reason: str) -> None:
         timer = self._timers.pop(request.request_id, None)
         if timer is not None:
-            timer.on_finish(finish_reason, len(request.prompt_token_ids))
+            timer.on_finish(finish_reason, request.num_prompt_tokens)

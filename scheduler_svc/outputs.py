@@ -8,12 +8,12 @@ from scheduler_svc.request import Request
 def output_for(request: Request, new_token_ids: list[int], new_logprobs, finish_reason) -> RequestOutput | None:
     """A streaming request gets every delta; any other only its whole output when it finishes."""
     if request.stream:
-        return RequestOutput(request.request_id, new_token_ids, len(request.prompt_token_ids),
+        return RequestOutput(request.request_id, new_token_ids, request.num_prompt_tokens,
                              finish_reason, new_logprobs)
     if finish_reason is None:
         return None
     return RequestOutput(request.request_id, list(request.output_token_ids),
-                         len(request.prompt_token_ids), finish_reason, request.output_logprobs)
+                         request.num_prompt_tokens, finish_reason, request.output_logprobs)
 
 
 def error_output(request_id: str, num_prompt_tokens: int, code: str, message: str) -> RequestOutput:

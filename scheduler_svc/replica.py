@@ -25,13 +25,9 @@ class Replica:
         self.hello = hello
         self.identities: dict[int, bytes] = {}  # rank -> ROUTER identity
         self.worker_ids: dict[int, str] = {}  # rank -> worker_id
-        capacity = WorkerCapacity(
-            num_gpu_blocks=hello.num_gpu_blocks,
-            num_cpu_blocks=hello.num_cpu_blocks if config.preemption_mode == "swap" else 0,
-            num_state_slots=hello.num_state_slots,
-            max_model_len=hello.max_model_len,
-            eos_token_ids=tuple(hello.eos_token_ids),
-        )
+        capacity = WorkerCapacity.from_hello(hello)
+        if config.preemption_mode != "swap":  # the worker's CPU blocks go unused: no swap space
+            capacity = dataclasses.replace(capacity, num_cpu_blocks=0)
         if hello.block_size != config.block_size:
             # Block ids only mean something in the worker's own block size: adopt it.
             config = dataclasses.replace(config, block_size=hello.block_size)

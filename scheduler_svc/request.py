@@ -24,12 +24,13 @@ FINISHED_STATUS = {
     "abort": RequestStatus.FINISHED_ABORTED,
     "error": RequestStatus.FINISHED_ERROR,
 }
+_FINISH_REASON = {status: reason for reason, status in FINISHED_STATUS.items()}
 
 
 class Request:
     __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "client", "stream",
                  "output_token_ids", "output_logprobs", "num_computed_tokens", "status",
-                 "finish_reason", "block_ids", "num_blocks_sent", "arrival", "block_hashes",
+                 "block_ids", "num_blocks_sent", "arrival", "block_hashes",
                  "num_cached_blocks", "num_inflight_tokens", "num_output_placeholders")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -44,8 +45,7 @@ class Request:
         self.output_logprobs: list | None = [] if params.logprobs is not None else None
         # Tokens whose KV the worker has computed; the next step computes from here.
         self.num_computed_tokens = 0
-        self.status = RequestStatus.WAITING
-        self.finish_reason: str | None = None
+        self.status = RequestStatus.WAITING  # a finished status says why (finish_reason)
         # GPU block ids while WAITING/RUNNING, CPU block ids while SWAPPED.
         self.block_ids: list[int] = []
         # How many of block_ids the worker already knows; the plan sends only the rest.
@@ -87,6 +87,16 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why it ended ("stop", "length", "abort", "error"), or None while live."""
+        return _FINISH_REASON.get(self.status)
+
+    def mark_finished(self, reason: str) -> None:
+        """Records why it ended; whoever holds it frees what it holds (Scheduler._finish, or
+        the service's _end for a request still in `pending`)."""
+        self.status = FINISHED_STATUS[reason]
 
     def reset_for_recompute(self) -> None:
         """Forget all KV (blocks already freed by the caller); keep the generated tokens."""

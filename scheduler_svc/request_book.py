@@ -35,9 +35,6 @@ class RequestBook:
     def place(self, request: Request, replica) -> None:
         self._replica_of[request.request_id] = replica
 
-    def replica_of(self, request_id: str):
-        return self._replica_of.get(request_id)
-
     def unplace(self, request_id: str):
         """Forgets which replica holds it (requeued, or ended); returns that replica."""
         return self._replica_of.pop(request_id, None)

@@ -32,7 +32,7 @@ from protocol.worker_messages import NewRequestData, RunningRequestData, StepPla
 from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.errors import RequestRejected
-from scheduler_svc.request import FINISHED_STATUS, Request, RequestStatus, RequestUpdate
+from scheduler_svc.request import Request, RequestStatus, RequestUpdate
 from scheduler_svc.stop_checks import check_stop
 from scheduler_svc.waiting_queue import make_waiting_queue
 
@@ -120,7 +120,10 @@ class Scheduler:
         self._finish(request, reason)
         return request
 
-    def _finish(self, request: Request, reason: str) -> None:
+    def _finish(self, request: Request, reason: str, new_token_ids: list[int] | None = None,
+                new_logprobs: list | None = None) -> RequestUpdate:
+        """The one way a request ends in the core (stop, length, abort, error): out of its queue,
+        its blocks freed, why recorded, its id queued for the worker; returns its last update."""
         old_status = request.status
         del self._requests[request.request_id]
         if old_status == RUNNING:
@@ -129,12 +132,12 @@ class Scheduler:
         elif old_status == SWAPPED:
             del self._swapped[request.request_id]
             self.block_manager.free(request, on_cpu=True)
-        request.status = FINISHED_STATUS[reason]
-        request.finish_reason = reason
+        request.mark_finished(reason)
         if old_status == WAITING:
             self._waiting.mark_removed()  # lazy: skipped when it reaches the front
         # The worker may hold state for it (running, or preempted earlier): tell it, always.
         self._pending_finished.append(request.request_id)
+        return RequestUpdate(request, new_token_ids or [], new_logprobs, reason)
 
     def take_unfinished(self) -> list[Request]:
         """For a dead worker: remove every live request, reset for recompute, in re-run order."""
@@ -227,7 +230,7 @@ class Scheduler:
         """Whether the tokens it awaits reach max_tokens or the length limit (check_stop's rule)."""
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders
         return (num_outputs >= request.params.max_tokens
-                or len(request.prompt_token_ids) + num_outputs >= self.max_len)
+                or request.num_prompt_tokens + num_outputs >= self.max_len)
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         del self._running[request.request_id]
@@ -288,7 +291,7 @@ class Scheduler:
         assert not request.num_inflight_tokens, f"{request} starts with a step of it in flight"
         request.status = RUNNING
         batch.new_requests.append(NewRequestData(
-            request.request_id, request.all_token_ids, len(request.prompt_token_ids),
+            request.request_id, request.all_token_ids, request.num_prompt_tokens,
             request.params, list(request.block_ids), request.num_computed_tokens, num_new))
         request.num_blocks_sent = len(request.block_ids)
         batch.new_scheduled.append(request)
@@ -316,7 +319,7 @@ class Scheduler:
             request.num_inflight_tokens -= num_new_tokens[i]
             request.num_output_placeholders -= awaits_token[i]
             if failed:
-                updates.append(self._fail_one(request))
+                updates.append(self._finish(request, "error"))
                 continue
             status = request.status
             if status != WAITING:  # running, or swapped out since with this KV on board
@@ -328,7 +331,7 @@ class Scheduler:
                 continue  # a prefill chunk short of the end: no token (the worker sent -1)
             token_id = sampled[i]
             if token_id < 0:
-                updates.append(self._fail_one(request))
+                updates.append(self._finish(request, "error"))
                 continue
             request.output_token_ids.append(token_id)
             new_logprobs = None
@@ -336,14 +339,11 @@ class Scheduler:
                 request.output_logprobs.append(logprobs[i])
                 new_logprobs = [logprobs[i]]
             finish_reason = check_stop(request, token_id, eos_token_ids, max_len)
-            if finish_reason is not None:
-                self._finish(request, finish_reason)
-            updates.append(RequestUpdate(request, [token_id], new_logprobs, finish_reason))
+            if finish_reason is None:
+                updates.append(RequestUpdate(request, [token_id], new_logprobs, None))
+            else:
+                updates.append(self._finish(request, finish_reason, [token_id], new_logprobs))
         return updates
-
-    def _fail_one(self, request: Request) -> RequestUpdate:
-        self._finish(request, "error")
-        return RequestUpdate(request, [], None, "error")
 
     # ---- state -----------------------------------------------------------------------
 

@@ -35,18 +35,13 @@ from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import OutputBatcher, error_output, output_for
 from scheduler_svc.replica import Replica, WorkerLost
 from scheduler_svc.stats import health, model_info
-from scheduler_svc.request import FINISHED_STATUS, Request
+from scheduler_svc.validation import check_token_ids
+from scheduler_svc.request import Request
 from scheduler_svc.request_book import RequestBook
 from scheduler_svc.waiting_queue import make_waiting_queue
 from scheduler_svc.worker_connections import WorkerConnections
 
 logger = logging.getLogger("stepserve.scheduler")
-
-
-def finish(request: Request, reason: str) -> None:
-    """Ends a request that no core holds (still in `pending`, or popped but refused)."""
-    request.status = FINISHED_STATUS[reason]
-    request.finish_reason = reason
 
 
 class SchedulerService:
@@ -267,45 +262,48 @@ class SchedulerService:
         self._on_generate(client, Generate(valid))
         return bool(valid or invalid)
 
-    def _abort(self, request_id: str, client: bytes | None, reason: str = "abort",
-               error: tuple[str, str] | None = None) -> None:
-        """Ends a live request wherever it is; error (code, message) goes to its client with reason "error"."""
-        request = self.book.get(request_id)
-        if request is None or (client is not None and request.client != client):
-            return  # idempotent: unknown, finished, or another client's id
-        replica = self.book.unplace(request_id)
-        if replica is not None:
-            replica.core.abort(request_id, reason)
-            replica.wakeup.set()  # its id must reach the worker in a (possibly free-only) plan
-        else:
-            finish(request, reason)  # lazily skipped when `pending` reaches it
-            self.pending.mark_removed()
+    def _end(self, request: Request, reason: str, error: tuple[str, str] | None = None,
+             new_token_ids: list[int] | None = None, new_logprobs: list | None = None) -> None:
+        """The one way a live request ends here, from every path (a step's stop, length or
+        error, an abort, a refusal, a vanished client, the drain): out of whichever queue holds
+        it (its core frees its blocks and queues its id for the worker; `pending` skips it
+        lazily), out of the book, counted, and its last output to its client.
+        error: (code, message) for reason "error"; new_*: what its last step gave it."""
+        replica = self.book.unplace(request.request_id)
+        if not request.is_finished:  # else its core ended it in a step, and said so in an update
+            if replica is not None:
+                replica.core.abort(request.request_id, reason)
+                replica.wakeup.set()  # its id must reach the worker in a (possibly free-only) plan
+            else:
+                request.mark_finished(reason)  # still in `pending`: skipped when it reaches the front
+                self.pending.mark_removed()
         self.book.forget(request)
         if self.metrics is not None:
             self.metrics.on_end(request, reason)
-        if error is not None:
-            output = error_output(request_id, len(request.prompt_token_ids), *error)
+        if reason == "error":
+            assert error is not None, "an error ends a request with its code and message"
+            output = error_output(request.request_id, request.num_prompt_tokens, *error)
         else:
-            output = output_for(request, [], None, reason)
+            output = output_for(request, new_token_ids or [], new_logprobs, reason)
         if output is not None:
             self.outputs.add(request.client, output)
+
+    def _abort(self, request_id: str, client: bytes | None) -> None:
+        """A client's abort (or its vanishing): idempotent, and only of its own requests."""
+        request = self.book.get(request_id)
+        if request is None or (client is not None and request.client != client):
+            return  # unknown, finished, or another client's id
+        self._end(request, "abort")
 
     def fail_all(self, code: str, message: str) -> None:
         """Every live request ends with this error (the drain's end)."""
         for request_id in self.book.ids():
-            self._abort(request_id, None, "error", (code, message))
+            self._end(self.book.get(request_id), "error", (code, message))
 
     def _on_client_gone(self, client: bytes) -> None:
         for request_id in self.book.ids_of(client):
             self._abort(request_id, None)
         self.outputs.drop(client)  # nobody to read them; other clients' outputs stay
-
-    def _fail(self, request: Request, code: str, message: str) -> None:
-        finish(request, "error")
-        self.book.forget(request)
-        if self.metrics is not None:
-            self.metrics.on_end(request, "error")
-        self.outputs.add(request.client, error_output(request.request_id, len(request.prompt_token_ids), code, message))
 
     async def flush_outputs(self) -> None:
         for client, outputs in self.outputs.take().items():
@@ -367,16 +365,17 @@ class SchedulerService:
         """Moves pending requests into the replica's core, up to a watermark of waiting ones."""
         core, vocab_size = replica.core, replica.hello.vocab_size
         watermark = 2 * self.config.max_num_seqs
-        while core.num_waiting < watermark and self.pending.peek() is not None:
-            request = self.pending.pop()
-            if max(request.prompt_token_ids) >= vocab_size:
-                self._fail(request, ErrorCode.INVALID_PARAMS, f"prompt token id out of range (vocab size {vocab_size})")
-                continue
+        while core.num_waiting < watermark:
+            request = self.pending.peek()
+            if request is None:
+                break
             try:
+                check_token_ids(request, vocab_size)
                 core.add_request(request)
             except RequestRejected as e:
-                self._fail(request, e.code, e.message)
+                self._end(request, "error", (e.code, e.message))  # still the head of `pending`
                 continue
+            self.pending.pop()  # the request peeked: now its core holds it
             self.book.place(request, replica)
 
     async def _drive(self, replica: Replica) -> None:
@@ -424,18 +423,14 @@ class SchedulerService:
 
     def _apply(self, updates, step_error: str | None = None) -> None:
         metrics, now = self.metrics, time.monotonic()
+        error = (ErrorCode.WORKER_ERROR, step_error or "the worker returned no token for this request")
         for update in updates:
             request = update.request
-            if update.finish_reason == "error":
-                output = error_output(request.request_id, len(request.prompt_token_ids), ErrorCode.WORKER_ERROR,
-                                      step_error or "the worker returned no token for this request")
-            else:
-                output = output_for(request, update.new_token_ids, update.new_logprobs, update.finish_reason)
             if metrics is not None:
                 metrics.on_tokens(request.request_id, len(update.new_token_ids), now)
             if update.finish_reason is not None:
-                self.book.forget(request)
-                if metrics is not None:
-                    metrics.on_end(request, update.finish_reason)
+                self._end(request, update.finish_reason, error, update.new_token_ids, update.new_logprobs)
+                continue
+            output = output_for(request, update.new_token_ids, update.new_logprobs, None)
             if output is not None:
                 self.outputs.add(request.client, output)

@@ -10,7 +10,7 @@ def check_stop(request: Request, token_id: int, eos_token_ids: frozenset[int], m
     """
     params = request.params
     num_outputs = len(request.output_token_ids)
-    if num_outputs >= params.max_tokens or len(request.prompt_token_ids) + num_outputs >= max_len:
+    if num_outputs >= params.max_tokens or request.num_prompt_tokens + num_outputs >= max_len:
         return "length"
     if num_outputs >= params.min_tokens:
         if not params.ignore_eos and token_id in eos_token_ids:

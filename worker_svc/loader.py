@@ -68,7 +68,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
                          "--tensor-parallel-size 1 and data-parallel replicas instead")
     torch_dtype = resolve_dtype(dtype, config, is_folder=not presets.is_preset(model), device=device)
     with torch.device(device):
-        module = cls(config, torch_dtype, tp) if tp.size > 1 else cls(config, torch_dtype)
+        module = cls(config, torch_dtype, tp)
     if load_format == "dummy":
         init_dummy_weights(module, seed)
     else:

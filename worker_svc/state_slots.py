@@ -28,12 +28,6 @@ class StateSlotPool:
             self._free.append(slot)
         return slot
 
-    def slot(self, request_id: str) -> int:
-        return self._slot_of[request_id]
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._slot_of
-
     @property
     def num_in_use(self) -> int:
         return len(self._slot_of)

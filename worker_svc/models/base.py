@@ -1,8 +1,9 @@
 """What every model offers the runner, and what memory it asks the runner to hold for it.
 
-A model is built from a Hugging Face config.json dict (no transformers import at run time):
+A model is built from a Hugging Face config.json dict (no transformers import at run time),
+and every model class derives from CausalLM (below), which gives it the head and the loading:
 
-    model = ModelClass(config: dict, dtype: torch.dtype)
+    model = ModelClass(config: dict, dtype: torch.dtype, tp: TensorParallel)
     model.cache_spec() -> CacheSpec
     model(input_ids, positions) -> hidden  # [T] int64 each -> [T, hidden_size]
     model.compute_logits(hidden)  # [S, hidden] -> [S, vocab] float32
@@ -14,9 +15,14 @@ for state-space layers, one conv and one SSM state tensor per layer indexed by s
 forward reads them, and the step's attention metadata and state layout, from the forward
 context (worker_svc/forward_context.py) that the runner sets around the call.
 """
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker_svc.models.layers import load_hf_weights
 
 
 @dataclass(frozen=True)
@@ -48,3 +54,46 @@ class ModelCaches:
     # i-th state-space layer; rows are indexed by the state layout's slots
     conv: list[torch.Tensor] = field(default_factory=list)
     ssm: list[torch.Tensor] = field(default_factory=list)
+
+
+class CausalLM(nn.Module):
+    """What every model class shares: the head (tied to the input embedding, or its own
+    lm_head) and Hugging Face weight loading through the one loader, told by class attributes
+    how the checkpoint's names differ from ours. A subclass sets tie_word_embeddings."""
+
+    supports_tensor_parallel = False  # True: built from the tensor-parallel layers
+    supports_compile = False  # True: the runner may torch.compile its forward
+    input_embedding = "embed_tokens"  # the attribute whose weight a tied head shares
+    hf_prefixes: tuple[str, ...] = ("model.",)  # stripped from checkpoint names
+    hf_skip: tuple[str, ...] = ()  # checkpoint names (substrings) that hold no parameter
+    tie_word_embeddings: bool
+
+    def cache_spec(self) -> CacheSpec:
+        """An attention-only model's: every layer's self_attn holds this rank's KV heads."""
+        attn = self.layers[0].self_attn
+        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_kv_heads,
+                         head_dim=attn.head_dim)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [vocab, hidden]
+        if self.tie_word_embeddings:
+            return getattr(self, self.input_embedding).weight
+        return self.lm_head.weight
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head_weight).float()  # [S, hidden] -> [S, vocab]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # A tied head is the embedding; a saved copy of it must equal it.
+        skip = self.hf_skip + (("lm_head.",) if self.tie_word_embeddings else ())
+        load_hf_weights(self, weights, self.hf_prefixes, skip, rename=self.hf_name,
+                        load_special=self.load_special_weight)
+
+    def hf_name(self, name: str) -> str:
+        """A checkpoint name (prefix stripped) -> ours, where they differ otherwise."""
+        return name
+
+    def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
+        """A tensor in a layout of the model's own: loads it and returns the name it covered
+        (see load_hf_weights), or None if it is not one."""
+        return None

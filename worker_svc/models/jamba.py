@@ -10,17 +10,17 @@ Caches: the i-th attention layer uses caches.kv[i] (paged KV), the j-th Mamba la
 caches.conv[j] / caches.ssm[j] (rows by state slot); the runner needs both kinds.
 """
 import math
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from worker_svc.attention import attention
 from worker_svc.forward_context import get_forward_context
-from worker_svc.models.base import CacheSpec
+from worker_svc.models.base import CacheSpec, CausalLM
 from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
 from worker_svc.models.layers import RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
+from worker_svc.parallel import TensorParallel
 
 
 class JambaAttention(nn.Module):
@@ -81,8 +81,9 @@ class JambaDecoderLayer(nn.Module):
         return h + self.feed_forward(self.pre_ff_layernorm(h))
 
 
-class JambaForCausalLM(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype = torch.float32):
+class JambaForCausalLM(CausalLM):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
+        """tp: always one rank (supports_tensor_parallel is False; the loader says so)."""
         super().__init__()
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Jamba hidden_act {config['hidden_act']!r} unsupported (silu only)")
@@ -112,8 +113,8 @@ class JambaForCausalLM(nn.Module):
         self.requires_grad_(False)
 
     def cache_spec(self) -> CacheSpec:
-        attn = next((l.self_attn for l in self.layers if l.is_attention), None)
-        mixer = next((l.mamba for l in self.layers if not l.is_attention), None)
+        attn = next((layer.self_attn for layer in self.layers if layer.is_attention), None)
+        mixer = next((layer.mamba for layer in self.layers if not layer.is_attention), None)
         return CacheSpec(
             num_attention_layers=self.num_attention_layers,
             num_kv_heads=attn.num_kv_heads if attn else 0,
@@ -133,50 +134,12 @@ class JambaForCausalLM(nn.Module):
             h = layer(h, index, context)
         return self.final_layernorm(h)
 
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters(remove_duplicate=False))
-        loaded: set[str] = set()
-        for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.")
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue
-            head, sep, suffix = name.partition(".feed_forward.experts.")
-            if sep and name not in params:  # per-expert checkpoint layout
-                moe = self.layers[int(head.split(".")[1])].feed_forward
-                if not isinstance(moe, JambaSparseMoe) or not load_expert_weight(moe, suffix, tensor):
-                    raise KeyError(f"unexpected Jamba weight {hf_name}")
-                loaded.add(f"{head}.feed_forward.experts.{suffix}")
-                continue
-            if name not in params:
-                raise KeyError(f"unexpected Jamba weight {hf_name}")
-            if tuple(params[name].shape) != tuple(tensor.shape):
-                raise ValueError(f"{hf_name}: checkpoint {tuple(tensor.shape)}, "
-                                 f"model {tuple(params[name].shape)}")
-            with torch.no_grad():
-                params[name].copy_(tensor.to(params[name].dtype))
-            loaded.add(name)
-        self._check_loaded(set(params), loaded)
-
-    def _check_loaded(self, param_names: set[str], loaded: set[str]) -> None:
-        expected = set()
-        for name in param_names:
-            head, sep, fused = name.partition(".feed_forward.experts.")
-            if not sep or name in loaded:
-                expected.add(name)
-                continue
-            num_experts = self.layers[int(head.split(".")[1])].feed_forward.num_experts
-            projs = ("gate_proj", "up_proj") if fused == "gate_up_proj" else ("down_proj",)
-            expected |= {f"{head}.feed_forward.experts.{e}.{p}.weight"
-                         for e in range(num_experts) for p in projs}
-        if self.tie_word_embeddings:
-            expected.discard("lm_head.weight")
-        missing = expected - loaded
-        if missing:
-            raise KeyError(f"Jamba weights missing from the checkpoint: {sorted(missing)[:8]}")
+    def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
+        """A per-expert checkpoint tensor into the fused experts; the name covered, or None."""
+        head, sep, suffix = name.partition(".feed_forward.experts.")
+        if not sep:
+            return None
+        moe = self.layers[int(head.split(".")[1])].feed_forward
+        if not isinstance(moe, JambaSparseMoe) or not load_expert_weight(moe, suffix, tensor):
+            return None
+        return name

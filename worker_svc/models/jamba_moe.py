@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker_svc.models.layers import CheckpointMismatch
+
 
 class JambaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
@@ -39,6 +41,11 @@ class JambaExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size,
                                                      hidden_size))
         self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
+
+    def checkpoint_names(self, module_name: str, param_name: str) -> list[str]:
+        """The per-expert checkpoint names that together cover a fused parameter."""
+        projs = ("gate_proj", "up_proj") if param_name == "gate_up_proj" else ("down_proj",)
+        return [f"{module_name}.{e}.{p}.weight" for e in range(len(self.down_proj)) for p in projs]
 
 
 class JambaSparseMoe(nn.Module):
@@ -78,8 +85,8 @@ def load_expert_weight(moe: JambaSparseMoe, suffix: str, tensor: torch.Tensor) -
         return False
     target = targets[proj]
     if target.shape != tensor.shape:
-        raise ValueError(f"expert {expert} {proj}: checkpoint {tuple(tensor.shape)}, "
-                         f"model {tuple(target.shape)}")
+        raise CheckpointMismatch(f"expert {expert} {proj}: checkpoint {tuple(tensor.shape)}, "
+                                 f"model {tuple(target.shape)}")
     with torch.no_grad():
         target.copy_(tensor.to(target.dtype))
     return True

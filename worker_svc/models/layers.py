@@ -3,7 +3,7 @@
 Parameters are created with torch.empty (no init): the loader fills every one of them from a
 checkpoint or from seeded random numbers, so default init would only cost start-up time.
 """
-from typing import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -96,12 +96,28 @@ _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                    prefixes: tuple[str, ...], skip: tuple[str, ...] = ()) -> None:
-    """Copy Hugging Face named tensors into `model`, whose names are HF's minus `prefixes`.
+class CheckpointMismatch(KeyError, ValueError):
+    """A checkpoint that does not fit the model: a weight missing, unexpected, or of another
+    shape. Both a KeyError and a ValueError: the two ways the loaders said so before there
+    was one loader."""
 
-    q/k/v and gate/up projections land in their shard of our fused Linear; every parameter
-    must be covered, so a checkpoint that misses one fails loudly instead of running garbage.
+    def __str__(self) -> str:
+        return str(self.args[0])  # not KeyError's repr of the message
+
+
+def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                    prefixes: tuple[str, ...], skip: tuple[str, ...] = (),
+                    rename: Callable[[str], str] | None = None,
+                    load_special: Callable[[str, torch.Tensor], str | None] | None = None) -> None:
+    """Copy Hugging Face named tensors into `model`, whose names are HF's minus `prefixes`
+    (then passed through `rename` where the names differ otherwise). The one weight loader of
+    every model.
+
+    q/k/v and gate/up projections land in their shard of our fused Linear; a tensor of a layout
+    of the model's own (Jamba's per-expert weights) goes to load_special, which returns the
+    name it covered or None. A module that holds such a layout says which names cover each of
+    its parameters (checkpoint_names). Every parameter must be covered, so a checkpoint that
+    misses one fails loudly instead of running garbage.
     """
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
@@ -111,32 +127,45 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
             if name.startswith(prefix):
                 name = name[len(prefix):]
                 break
+        if rename is not None:
+            name = rename(name)
         if any(s in name for s in skip):
             continue
         parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in _FUSED:
-            fused, shard = _FUSED[parts[-2]]
-            module_name = ".".join(parts[:-2] + [fused])
-            target = params[f"{module_name}.{parts[-1]}"]
-            module = modules[module_name]
+        fused_name = ".".join(parts[:-2] + [_FUSED[parts[-2]][0]]) if len(parts) >= 2 and parts[-2] in _FUSED else None
+        if fused_name in modules:
+            shard = _FUSED[parts[-2]][1]
+            target = params[f"{fused_name}.{parts[-1]}"]
+            module = modules[fused_name]
             sizes = module.shard_sizes
             start = sum(sizes[:shard])
             target.data[start:start + sizes[shard]].copy_(module.shard(parts[-1], tensor))
-            covered.add(f"{module_name}.{parts[-1]}#{shard}")
+            covered.add(f"{fused_name}.{parts[-1]}#{shard}")
             continue
         if name not in params:
-            raise ValueError(f"unexpected weight {name}")
+            special = load_special(name, tensor) if load_special is not None else None
+            if special is None:
+                raise CheckpointMismatch(f"unexpected weight {name}")
+            covered.add(special)
+            continue
         module = modules.get(name.rsplit(".", 1)[0])
         if isinstance(module, Linear):
             tensor = module.shard(parts[-1], tensor)
-        assert params[name].shape == tensor.shape, f"{name}: {tuple(tensor.shape)} vs {tuple(params[name].shape)}"
-        params[name].data.copy_(tensor)
+        if params[name].shape != tensor.shape:
+            raise CheckpointMismatch(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(params[name].shape)}")
+        params[name].data.copy_(tensor)  # converts to the parameter's dtype
         covered.add(name)
     missing = []
     for name in params:
-        module_name = name.rsplit(".", 1)[0]
-        sizes = getattr(modules.get(module_name), "shard_sizes", ())
+        if name in covered:
+            continue
+        module_name, _, param_name = name.rpartition(".")
+        module = modules.get(module_name)
+        if hasattr(module, "checkpoint_names"):
+            missing += [n for n in module.checkpoint_names(module_name, param_name) if n not in covered]
+            continue
+        sizes = getattr(module, "shard_sizes", ())
         shards = [f"{name}#{i}" for i in range(len(sizes))] if sizes else [name]
         missing += [s for s in shards if s not in covered]
     if missing:
-        raise ValueError(f"checkpoint misses weights: {missing[:8]}")
+        raise CheckpointMismatch(f"checkpoint misses weights: {sorted(missing)[:8]}")

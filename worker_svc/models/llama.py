@@ -9,15 +9,14 @@ num_key_value_heads / N KV heads (so both must divide by N; a GQA model with few
 ranks is refused rather than replicating KV heads), and intermediate_size / N MLP features.
 Embeddings and the LM head are replicated.
 """
-from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.attention import attention
-from worker_svc.models.base import CacheSpec
-from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, load_hf_weights
+from worker_svc.models.base import CausalLM
+from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
 
@@ -89,9 +88,10 @@ class LlamaDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     supports_tensor_parallel = True
     supports_compile = True
+    hf_skip = ("rotary_emb.inv_freq",)
 
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
@@ -108,24 +108,8 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(attn.head_dim, config.get("max_position_embeddings", 2048),
                                       _rope_theta(config), dtype)
 
-    def cache_spec(self) -> CacheSpec:
-        attn = self.layers[0].self_attn
-        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_kv_heads,
-                         head_dim=attn.head_dim)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]
         for layer in self.layers:
             h = layer(h, self.rotary, positions)
         return self.norm(h)
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()  # [S, vocab]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        skip = ("rotary_emb.inv_freq",) + (("lm_head.",) if self.tie_word_embeddings else ())
-        load_hf_weights(self, weights, prefixes=("model.",), skip=skip)

@@ -4,15 +4,15 @@ Every layer is a state-space layer: RMSNorm -> MambaMixer -> residual. No attent
 cache; the runner holds one conv and one SSM state tensor per layer, indexed by state slot.
 """
 import math
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from worker_svc.forward_context import get_forward_context
-from worker_svc.models.base import CacheSpec
+from worker_svc.models.base import CacheSpec, CausalLM
 from worker_svc.models.layers import RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
+from worker_svc.parallel import TensorParallel
 
 
 class MambaBlock(nn.Module):
@@ -32,8 +32,12 @@ class MambaBlock(nn.Module):
         return residual + hidden  # keeps the residual's dtype (float32 when residual_in_fp32)
 
 
-class MambaForCausalLM(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype = torch.float32):
+class MambaForCausalLM(CausalLM):
+    input_embedding = "embeddings"
+    hf_prefixes = ("backbone.",)
+
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
+        """tp: always one rank (supports_tensor_parallel is False; the loader says so)."""
         super().__init__()
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Mamba hidden_act {config['hidden_act']!r} unsupported (silu only)")
@@ -72,33 +76,5 @@ class MambaForCausalLM(nn.Module):
                              context.caches.ssm[i], self.dtype)
         return self.norm_f(residual.to(self.dtype))
 
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [S, hidden] -> [S, vocab]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters(remove_duplicate=False))
-        loaded = set()
-        for hf_name, tensor in weights:
-            name = hf_name.removeprefix("backbone.").replace("embedding.", "embeddings.")
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue  # the tied head is the embedding; a saved copy must equal it
-            if name not in params:
-                raise KeyError(f"unexpected Mamba weight {hf_name}")
-            _copy(params[name], tensor, hf_name)
-            loaded.add(name)
-        tied = {"lm_head.weight"} if self.tie_word_embeddings else set()
-        missing = set(params) - loaded - tied
-        if missing:
-            raise KeyError(f"Mamba weights missing from the checkpoint: {sorted(missing)}")
-
-
-def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if tuple(param.shape) != tuple(tensor.shape):
-        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, "
-                         f"model shape {tuple(param.shape)}")
-    with torch.no_grad():
-        param.copy_(tensor.to(param.dtype))
+    def hf_name(self, name: str) -> str:
+        return name.replace("embedding.", "embeddings.")

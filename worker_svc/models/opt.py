@@ -6,15 +6,14 @@ project_in/project_out when word_embed_proj_dim differs from hidden_size.
 Tensor parallel (tp.size = N): each rank holds num_attention_heads / N heads and ffn_dim / N
 MLP features (both must divide by N); embeddings, positions and the LM head are replicated.
 """
-from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.attention import attention
-from worker_svc.models.base import CacheSpec
-from worker_svc.models.layers import Embedding, Linear, load_hf_weights
+from worker_svc.models.base import CausalLM
+from worker_svc.models.layers import Embedding, Linear
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
 
@@ -36,6 +35,7 @@ class OPTAttention(nn.Module):
         num_heads = config["num_attention_heads"]
         self.head_dim = hidden_size // num_heads
         self.num_heads = tp.divide(num_heads, "num_attention_heads")  # this rank's heads
+        self.num_kv_heads = self.num_heads  # no grouped-query attention
         bias = config.get("enable_bias", True)
         self.qkv_proj = ColumnParallelLinear(hidden_size, (hidden_size,) * 3, bias, dtype, tp,
                                              what="attention heads")
@@ -74,9 +74,10 @@ class OPTDecoderLayer(nn.Module):
         return h if self.pre_norm else self.final_layer_norm(h)
 
 
-class OPTForCausalLM(nn.Module):
+class OPTForCausalLM(CausalLM):
     supports_tensor_parallel = True
     supports_compile = True
+    hf_prefixes = ("model.decoder.", "decoder.")
 
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
@@ -99,11 +100,6 @@ class OPTForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(embed_dim, config["vocab_size"], False, dtype)
 
-    def cache_spec(self) -> CacheSpec:
-        attn = self.layers[0].self_attn
-        return CacheSpec(num_attention_layers=len(self.layers), num_kv_heads=attn.num_heads,
-                         head_dim=attn.head_dim)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, embed_dim]
         if self.project_in is not None:
@@ -114,14 +110,3 @@ class OPTForCausalLM(nn.Module):
         if self.final_layer_norm is not None:
             h = self.final_layer_norm(h)
         return self.project_out(h) if self.project_out is not None else h
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()  # [S, vocab]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        skip = ("lm_head.",) if self.tie_word_embeddings else ()
-        load_hf_weights(self, weights, prefixes=("model.decoder.", "decoder."), skip=skip)
