@@ -74,10 +74,11 @@ class AsyncClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
-        secure_connecting_socket(self._sock, connecting_keys("client", curve_server_key, curve_secret_key))
+        keys = connecting_keys("client", curve_server_key, curve_secret_key)
+        secure_connecting_socket(self._sock, keys)
         self._monitor = self._sock.get_monitor_socket(MONITORED_EVENTS)
         self._release = weakref.finalize(self, _release, self._ctx, self._sock, self._monitor)
-        self._connection = ConnectionState(address)
+        self._connection = ConnectionState(address, uses_curve=keys is not None)
         self._sock.connect(address)
         self._deadlines = Deadlines(request_timeout_s, self._on_timeouts) if request_timeout_s else None
         self._deadline_task: asyncio.Task | None = None
