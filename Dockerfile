@@ -9,6 +9,10 @@ ARG TORCH_PIP_ARGS=""
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
+# A C++ compiler: torch.compile's CPU code and the decode attention kernel are built on first use
+# (without one the worker still serves, eagerly and with plain-torch attention).
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 RUN pip install ${TORCH_PIP_ARGS} "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol

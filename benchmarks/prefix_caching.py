@@ -21,24 +21,13 @@ import json
 import statistics
 import sys
 
+from benchmarks.cpu_info import cpu_summary
 from benchmarks.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
 from client_sdk.cluster_args import add_cluster_flags, cluster_args
 from client_sdk.launcher import LocalCluster
 
 MODES = {"on": "--enable-prefix-caching", "off": "--no-enable-prefix-caching"}
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return "unknown"
-    model = next((l.split(":", 1)[1].strip() for l in lines if l.startswith("model name")), "unknown")
-    flags = set(next((l.split(":", 1)[1].split() for l in lines if l.startswith("flags")), []))
-    extras = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}, {sum(l.startswith('processor') for l in lines)} vCPU" + "".join(f", {f}" for f in extras)
 
 
 @contextlib.contextmanager
@@ -70,7 +59,7 @@ async def run_once(args: argparse.Namespace, workload: str, mode: str) -> dict:
 
 
 async def run(args: argparse.Namespace) -> int:
-    cpu = cpu_name()
+    cpu = cpu_summary()
     rows = []
     for workload in args.workloads.split(","):
         for round_index in range(args.rounds):

@@ -12,6 +12,7 @@ prompts are drawn apart from the timed ones, so the cache starts cold for the ti
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 
@@ -60,7 +61,9 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     await client.generate_batch(warm_up, params)  # not timed; shares no prefix with the timed prompts
     before = await client.health()
     start = time.perf_counter()
-    outputs = await client.generate_batch(prompts, params, window=args.window)
+    batch = asyncio.ensure_future(client.generate_batch(prompts, params, window=args.window))
+    step_timing = await sample_step_timing(client, batch)
+    outputs = await batch
     elapsed = time.perf_counter() - start
     bad = [o for o in outputs if len(o.outputs[0].token_ids) != args.output_len or not o.ok]
     if bad:
@@ -81,10 +84,30 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
         "tokens_per_second": round((num_prompt_tokens + num_output_tokens) / elapsed, 2),
         "output_tokens_per_second": round(num_output_tokens / elapsed, 2),
         "steps_per_s": health.steps_per_s,
+        # Medians over health samples taken while the batch was at its fullest (worker 0).
+        "mean_step_time_ms": step_timing[0],
+        "worker_busy_fraction": step_timing[1],
         # Of the timed prompts' tokens looked up in the prefix cache, those found computed.
         "prefix_cache_queries": health.num_prefix_cache_queries - before.num_prefix_cache_queries,
         "prefix_cache_hits": health.num_prefix_cache_hits - before.num_prefix_cache_hits,
     }
+
+
+async def sample_step_timing(client: AsyncClient, batch: asyncio.Future) -> tuple[float, float]:
+    """The first replica's mean step time and worker busy fraction, sampled twice a second
+    while `batch` runs; the medians over the samples where its batch was fullest."""
+    samples = []
+    while not batch.done():
+        await asyncio.wait([batch], timeout=0.5)
+        replicas = (await client.health()).replicas
+        if replicas and replicas[0].worker_busy_fraction:
+            samples.append((replicas[0].num_running, replicas[0].mean_step_time_ms,
+                            replicas[0].worker_busy_fraction))
+    if not samples:
+        return 0.0, 0.0
+    fullest = max(s[0] for s in samples)
+    full = [s for s in samples if s[0] == fullest]
+    return statistics.median(s[1] for s in full), statistics.median(s[2] for s in full)
 
 
 async def run_throughput(args: argparse.Namespace) -> int:

@@ -17,26 +17,49 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the model op by op instead of the compiled step (faster start-up)")
+    p.add_argument("--compile-cache-dir", default=None,
+                   help="where compiled graphs persist across starts (default ~/.cache/stepserve)")
     p.add_argument("--curve-keys", default=None, metavar="DIR",
                    help="CurveZMQ on every link, with the keys of `stepserve keys generate DIR` "
                         "(default: $STEPSERVE_CURVE_KEYS)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the KV of common prompt prefixes (default: on for attention models)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="plan each step while the worker runs the one before "
+                        "(default: on for CUDA workers, off for CPU ones)")
+
+
+# Which process takes each option of a local cluster: the flag is the option's name with dashes.
+# Options left None take that process's own default; booleans become --name / --no-name.
+_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "preemption",
+                      "enable_prefix_caching", "async_scheduling")
+_WORKER_OPTIONS = ("dtype", "load_format", "kv_cache_gb", "max_model_len", "gpu_memory_utilization",
+                   "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir")
+
+
+def child_args(**options) -> tuple[list[str], list[str]]:
+    """The scheduler's and the workers' command lines for these options (the one place the
+    launcher's callers, `stepserve` and `LLM`, turn options into flags)."""
+    unknown = set(options) - set(_SCHEDULER_OPTIONS) - set(_WORKER_OPTIONS)
+    assert not unknown, f"no process takes {sorted(unknown)}"
+    lines = ([], [])
+    for names, line in zip((_SCHEDULER_OPTIONS, _WORKER_OPTIONS), lines):
+        for name in names:
+            value = options.get(name)
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                line.append(flag if value else "--no-" + flag[2:])
+            elif value is not None:
+                line += [flag, str(value)]
+    return lines
 
 
 def cluster_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """Splits the cluster flags into the scheduler's and the workers' command lines."""
-    scheduler, worker = [], []
-    for name, target in (("max_num_seqs", scheduler), ("max_num_batched_tokens", scheduler),
-                         ("preemption", scheduler), ("dtype", worker), ("load_format", worker),
-                         ("kv_cache_gb", worker), ("device", worker)):
-        value = getattr(args, name, None)
-        if value is not None:
-            target += ["--" + name.replace("_", "-"), str(value)]
-    caching = getattr(args, "enable_prefix_caching", None)
-    if caching is not None:
-        scheduler.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
-    return scheduler, worker
+    names = (*_SCHEDULER_OPTIONS, *_WORKER_OPTIONS)
+    return child_args(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import warnings
 
 import msgspec
 
+from client_sdk.cluster_args import child_args
 from client_sdk.launcher import LocalCluster
 from client_sdk.outputs import RequestOutput
 from client_sdk.sync_client import Client
@@ -38,29 +39,24 @@ class LLM:
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
                  load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool | None = None, scheduler_args: list[str] = (),
+                 enable_prefix_caching: bool | None = None, async_scheduling: bool | None = None,
+                 enforce_eager: bool | None = None,
+                 compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
                  curve_server_key: str | None = None, curve_secret_key: str | None = None):
         if num_workers is not None:
             warnings.warn("LLM(num_workers=...) is deprecated: use data_parallel_size (vLLM's name)",
                           DeprecationWarning, stacklevel=2)
             data_parallel_size = num_workers
-        worker_args = list(worker_args)
-        for flag, value in (("--dtype", dtype), ("--load-format", load_format), ("--kv-cache-gb", kv_cache_gb),
-                            ("--max-model-len", max_model_len), ("--gpu-memory-utilization", gpu_memory_utilization),
-                            ("--swap-space-gb", swap_space), ("--device", device), ("--block-size", block_size)):
-            if value is not None:
-                worker_args += [flag, str(value)]
-        scheduler_args = list(scheduler_args)
-        for flag, value in (("--max-num-seqs", max_num_seqs), ("--max-num-batched-tokens", max_num_batched_tokens),
-                            ("--block-size", block_size)):
-            if value is not None:
-                scheduler_args += [flag, str(value)]
-        if swap_space:
-            scheduler_args += ["--preemption", "swap"]
-        if enable_prefix_caching is not None:  # None: the scheduler's default (on for attention models)
-            flag = "--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"
-            scheduler_args.append(flag)
+        own_scheduler_args, own_worker_args = child_args(
+            dtype=dtype, load_format=load_format, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, swap_space_gb=swap_space, device=device,
+            block_size=block_size, enforce_eager=enforce_eager, compile_cache_dir=compile_cache_dir,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            preemption="swap" if swap_space else None, enable_prefix_caching=enable_prefix_caching,
+            async_scheduling=async_scheduling)
+        scheduler_args = own_scheduler_args + list(scheduler_args)
+        worker_args = own_worker_args + list(worker_args)
         self._seeds = random.Random(seed) if seed is not None else None
         server_key = curve_server_key or os.environ.get(SERVER_KEY_ENV)
         keys_dir = os.path.dirname(os.path.abspath(server_key)) if server_key else os.environ.get(KEYS_DIR_ENV)

@@ -105,6 +105,10 @@ class ReplicaHealth(msgspec.Struct, array_like=True):
     num_swapped: int
     num_free_blocks: int
     num_total_blocks: int
+    # Over its recent steps: mean time between step results, and the fraction of wall time
+    # its worker spent executing steps (async scheduling raises it by hiding planning).
+    mean_step_time_ms: float = 0.0
+    worker_busy_fraction: float = 0.0
 
 
 class Health(Message, tag=True):

@@ -1,2 +1,2 @@
 # Bumped on any incompatible change of a message; the first byte of every frame.
-PROTOCOL_VERSION = 2  # 2: HeartbeatReply (scheduler -> worker), input limits
+PROTOCOL_VERSION = 3  # 2: HeartbeatReply (scheduler -> worker), input limits; 3: step timing (busy_s)

@@ -61,6 +61,7 @@ class StepResult(Message, tag=True):
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None = None  # aligned likewise, when any asked
     error: str | None = None  # the whole step failed; the scheduler fails its requests
+    busy_s: float = 0.0  # the worker's time executing the plan (inputs, forward, sampling)
 
 
 class Heartbeat(Message, tag=True):

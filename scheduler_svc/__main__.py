@@ -27,6 +27,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV of common prompt prefixes (attention models; off for state models)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="plan each step while the worker runs the one before (two plans in flight); "
+                        "default: on for CUDA workers, off for CPU workers (measured slower there)")
     p.add_argument("--worker-timeout", type=float, default=10.0,
                    help="seconds of silence after which a worker is dropped and its requests requeued")
     p.add_argument("--max-message-mb", type=int, default=256, help="largest incoming message accepted")
@@ -50,7 +53,8 @@ async def run(args: argparse.Namespace) -> None:
     config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                              block_size=args.block_size, preemption_mode=args.preemption, policy=args.policy,
                              enable_chunked_prefill=not args.no_chunked_prefill,
-                             enable_prefix_caching=args.enable_prefix_caching)
+                             enable_prefix_caching=args.enable_prefix_caching,
+                             async_scheduling=args.async_scheduling)
     service = SchedulerService(args.frontend, args.workers, config, worker_timeout_s=args.worker_timeout,
                                max_message_bytes=args.max_message_mb << 20,
                                enable_metrics=args.metrics_port is not None,

@@ -22,4 +22,8 @@ def check_integrity(scheduler, waiting: list[Request], running: list[Request],
     for request in running:
         assert request.num_computed_tokens <= len(request.block_ids) * block_size, f"{request} lacks blocks"
     assert len(running) <= scheduler.max_num_running, "too many running"
+    if not scheduler.has_plan_in_flight:
+        for request in requests.values():
+            assert request.num_inflight_tokens == 0 and request.num_output_placeholders == 0, \
+                f"{request} awaits a step that is not in flight"
     scheduler.block_manager.check_integrity(running, swapped, scheduler.has_plan_in_flight)

@@ -2,8 +2,10 @@
 plans its steps. Each replica has its own block pool and running batch (data parallel)."""
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
+from collections import deque
 
 from protocol.worker_messages import Heartbeat, StepPlan, StepResult, WorkerHello
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
@@ -40,10 +42,12 @@ class Replica:
         self.alive = True
         self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything
         self.wakeup = asyncio.Event()
-        self.inflight: StepPlan | None = None
-        self._result: asyncio.Future | None = None
+        # Steps sent and not answered, oldest first: step_id -> the future of its result.
+        self.inflight: dict[int, asyncio.Future] = {}
         self.last_heartbeat: dict[str, Heartbeat] = {}  # by worker_id
         self.num_steps = 0
+        # Recent steps: (when the answer came, seconds the worker spent executing it).
+        self.recent_steps: deque[tuple[float, float]] = deque(maxlen=256)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -68,24 +72,38 @@ class Replica:
         return now - min(self.last_seen.values())
 
     def begin_step(self, plan: StepPlan) -> asyncio.Future:
-        assert self.inflight is None, "one step in flight per replica"
-        self.inflight = plan
-        self._result = asyncio.get_running_loop().create_future()
-        return self._result
+        """The future of plan's result; at most two steps are in flight (async scheduling)."""
+        assert len(self.inflight) < 2 and plan.step_id not in self.inflight, "two steps in flight at most"
+        future = self.inflight[plan.step_id] = asyncio.get_running_loop().create_future()
+        return future
 
     def deliver(self, result: StepResult) -> bool:
         """Hands the worker's answer to the waiting step; False if it answers no live step."""
         self.seen(self.worker_ids[0])
-        if self.inflight is None or result.step_id != self.inflight.step_id:
+        future = self.inflight.pop(result.step_id, None)
+        if future is None:
             return False
-        self.inflight = None
-        if not self._result.done():
-            self._result.set_result(result)
+        self.recent_steps.append((time.monotonic(), result.busy_s))
+        if not future.done():
+            future.set_result(result)
         return True
 
     def fail(self) -> None:
         self.alive = False
         self.wakeup.set()
-        if self._result is not None and not self._result.done():
-            self._result.set_exception(WorkerLost(self.name))
-        self.inflight = None
+        for future in self.inflight.values():
+            if not future.done():
+                future.set_exception(WorkerLost(self.name))
+        self.inflight.clear()
+
+    def step_timing(self) -> tuple[float, float]:
+        """Over the recent steps: the mean time between answers (ms), and the fraction of that
+        wall time the worker spent executing steps (the rest it waited for the next plan)."""
+        steps = self.recent_steps
+        if len(steps) < 2:
+            return 0.0, 0.0
+        wall = steps[-1][0] - steps[0][0]
+        if wall <= 0:
+            return 0.0, 0.0
+        busy = sum(busy_s for _, busy_s in itertools.islice(steps, 1, None))
+        return 1000 * wall / (len(steps) - 1), min(1.0, busy / wall)

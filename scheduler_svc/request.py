@@ -30,7 +30,7 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "client", "stream",
                  "output_token_ids", "output_logprobs", "num_computed_tokens", "status",
                  "finish_reason", "block_ids", "num_blocks_sent", "arrival", "block_hashes",
-                 "num_cached_blocks")
+                 "num_cached_blocks", "num_inflight_tokens", "num_output_placeholders")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  priority: int = 0, client=None, stream: bool = False):
@@ -57,6 +57,10 @@ class Request:
         # How many leading blocks of block_ids the block manager has offered to the cache
         # (found there on admission, or registered once their KV was computed).
         self.num_cached_blocks = 0
+        # Async scheduling: tokens scheduled in plans whose results have not been applied yet,
+        # and how many of those plans will sample a token for it (not yet known).
+        self.num_inflight_tokens = 0
+        self.num_output_placeholders = 0
 
     @property
     def all_token_ids(self) -> list[int]:

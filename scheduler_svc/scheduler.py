@@ -9,9 +9,22 @@ Cost contract: schedule() and update() cost O(running + newly finished); the wai
 is only ever touched at its front, and finished requests are found from the step's results.
 Prefix caching adds O(blocks of the request) where a request is admitted (lookup) and where a
 block of it fills up (registration), never a scan (scheduler_svc/block_manager.py).
-One plan with scheduled requests is in flight at a time: update() it before the next schedule().
+Async scheduling: up to two plans with scheduled requests may be in flight; schedule() plans
+the next step as if every running request gets the token the step in flight is computing for it
+(the worker appends sampled tokens itself, so a plan needs no token ids for running requests).
+A request counts the tokens scheduled but not applied (num_inflight_tokens) and the tokens it
+awaits (num_output_placeholders); num_computed_tokens only moves when a result is applied, so
+the prefix cache only ever names computed KV. Plans run in order on the worker, which makes
+freeing early exact: a block freed while a plan in flight still writes it is handed out only
+in a later plan. A request that will finish by length when its awaited token arrives is not
+scheduled again; one that stops on a token (EOS, a stop token) or is aborted meanwhile has the
+token of the later plan discarded, and its id goes out in the next plan's finished_ids. A
+request preempted while a step computes for it gets that step's token when it is applied, and
+cannot be scheduled again before: preemption admits nothing in its plan, and the plan after
+is made once the step was applied. Hence two plans, never more.
 """
 import itertools
+from collections import deque
 from collections.abc import Iterator
 
 from protocol.errors import ErrorCode
@@ -78,7 +91,8 @@ class Scheduler:
         # Numbers arrivals (priority ties break by them). The service shares one counter with
         # its own queue and every core, so a request requeued from a dead replica never ties.
         self._arrivals = arrivals if arrivals is not None else itertools.count()
-        self._inflight: tuple[int, list[Request], list[int]] | None = None
+        # Plans in flight, oldest first: (step_id, scheduled requests, tokens each, token awaited).
+        self._inflight: deque[tuple[int, list[Request], list[int], list[bool]]] = deque()
         self.num_preemptions = 0  # for stats: how often memory pressure evicted a request
 
     # ---- requests in and out ---------------------------------------------------------
@@ -132,19 +146,20 @@ class Scheduler:
         requests = [*self._running.values(), *self._swapped.values(), *self._waiting.drain()]
         for request in requests:
             request.reset_for_recompute()
+            request.num_inflight_tokens = request.num_output_placeholders = 0  # those steps are lost
             request.block_hashes = None  # hashes are per block size, and another replica's may differ
         self._running.clear()
         self._swapped.clear()
         self._requests.clear()
         self._pending_finished.clear()  # they were for the dead worker's state
-        self._inflight = None
+        self._inflight.clear()
         return requests
 
     # ---- one step --------------------------------------------------------------------
 
     def schedule(self) -> StepPlan | None:
         """The next plan, or None when there is nothing to run and nothing to tell the worker."""
-        assert self._inflight is None, "schedule() called before update() of the plan in flight"
+        assert len(self._inflight) < 2, "two plans in flight: update() the oldest first"
         batch = _Batch(self.config.max_num_batched_tokens)
         self._schedule_running(batch)
         # Preemption means memory is short: admit nothing more this step. It also keeps CPU
@@ -166,7 +181,15 @@ class Scheduler:
         if scheduled:
             num_new_tokens = [d.num_new_tokens for d in batch.new_requests]
             num_new_tokens += [d.num_new_tokens for d in batch.running_requests]
-            self._inflight = (plan.step_id, scheduled, num_new_tokens)
+            awaits_token = []
+            for request, num_new in zip(scheduled, num_new_tokens):
+                start = request.num_computed_tokens + request.num_inflight_tokens
+                request.num_inflight_tokens += num_new
+                # A step that reaches the last token (known or awaited) samples the next one.
+                samples = start + num_new == request.num_tokens + request.num_output_placeholders
+                request.num_output_placeholders += samples
+                awaits_token.append(samples)
+            self._inflight.append((plan.step_id, scheduled, num_new_tokens, awaits_token))
         return plan
 
     def _schedule_running(self, batch: _Batch) -> None:
@@ -179,9 +202,13 @@ class Scheduler:
         i = 0
         while i < end and batch.token_budget > 0:
             request = running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
+            if request.num_output_placeholders and self._finishes_by_length(request):
+                i += 1  # its awaited token is its last: nothing more to compute for it
+                continue
+            start = request.num_computed_tokens + request.num_inflight_tokens
+            num_new = min(request.num_tokens + request.num_output_placeholders - start, batch.token_budget)
             assert num_new > 0, f"{request} is running with nothing to compute"
-            num_tokens = request.num_computed_tokens + num_new
+            num_tokens = start + num_new
             if num_tokens > len(request.block_ids) * block_size:
                 while not block_manager.can_allocate(request, num_tokens):
                     end -= 1
@@ -195,6 +222,12 @@ class Scheduler:
             batch.running_scheduled.append(request)
             batch.token_budget -= num_new
             i += 1
+
+    def _finishes_by_length(self, request: Request) -> bool:
+        """Whether the tokens it awaits reach max_tokens or the length limit (check_stop's rule)."""
+        num_outputs = len(request.output_token_ids) + request.num_output_placeholders
+        return (num_outputs >= request.params.max_tokens
+                or len(request.prompt_token_ids) + num_outputs >= self.max_len)
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         del self._running[request.request_id]
@@ -252,6 +285,7 @@ class Scheduler:
 
     def _start(self, request: Request, num_new: int, batch: _Batch) -> None:
         """Send a request the worker holds no state for: all its tokens and blocks, once."""
+        assert not request.num_inflight_tokens, f"{request} starts with a step of it in flight"
         request.status = RUNNING
         batch.new_requests.append(NewRequestData(
             request.request_id, request.all_token_ids, len(request.prompt_token_ids),
@@ -261,35 +295,41 @@ class Scheduler:
         batch.token_budget -= num_new
 
     def update(self, plan: StepPlan, result: StepResult) -> list[RequestUpdate]:
-        """Apply a step's result: advance, append tokens, stop checks, free what finished."""
+        """Apply a step's result: advance, append tokens, stop checks, free what finished.
+        Results are applied in the order their plans were made."""
         if not plan.num_scheduled:
             return []  # a free-only plan: nothing was in flight
-        assert self._inflight is not None and self._inflight[0] == plan.step_id, "not the plan in flight"
+        assert self._inflight and self._inflight[0][0] == plan.step_id, "not the oldest plan in flight"
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} for plan {plan.step_id}")
-        _, scheduled, num_new_tokens = self._inflight
-        self._inflight = None
+        _, scheduled, num_new_tokens, awaits_token = self._inflight.popleft()
         self.block_manager.release_copy_sources()  # the worker copied them before its forward
         sampled = result.sampled_token_ids
-        if result.error is not None or len(sampled) != len(scheduled):
-            return self._fail(scheduled)
+        failed = result.error is not None or len(sampled) != len(scheduled)
         logprobs = result.logprobs
         eos_token_ids, max_len = self._eos_token_ids, self.max_len
         cache_computed_blocks = self.block_manager.cache_computed_blocks
         updates = []
         for i, request in enumerate(scheduled):
-            if request.status != RUNNING:
-                continue  # aborted while the step ran: already finished and freed
-            request.num_computed_tokens += num_new_tokens[i]
-            if request.num_computed_tokens < request.num_tokens:
+            if request.is_finished:
+                continue  # finished while the step ran (aborted, or a token of an earlier step)
+            request.num_inflight_tokens -= num_new_tokens[i]
+            request.num_output_placeholders -= awaits_token[i]
+            if failed:
+                updates.append(self._fail_one(request))
+                continue
+            status = request.status
+            if status != WAITING:  # running, or swapped out since with this KV on board
+                request.num_computed_tokens += num_new_tokens[i]
+            if status == RUNNING:
+                # Its KV is computed now (this step was applied): full blocks become cacheable.
                 cache_computed_blocks(request)
+            if not awaits_token[i]:
                 continue  # a prefill chunk short of the end: no token (the worker sent -1)
             token_id = sampled[i]
             if token_id < 0:
                 updates.append(self._fail_one(request))
                 continue
-            # Its KV is computed now (this step was applied): full blocks become cacheable.
-            cache_computed_blocks(request)
             request.output_token_ids.append(token_id)
             new_logprobs = None
             if request.output_logprobs is not None and logprobs is not None and logprobs[i] is not None:
@@ -300,9 +340,6 @@ class Scheduler:
                 self._finish(request, finish_reason)
             updates.append(RequestUpdate(request, [token_id], new_logprobs, finish_reason))
         return updates
-
-    def _fail(self, scheduled: list[Request]) -> list[RequestUpdate]:
-        return [self._fail_one(r) for r in scheduled if r.status == RUNNING]
 
     def _fail_one(self, request: Request) -> RequestUpdate:
         self._finish(request, "error")
@@ -342,7 +379,11 @@ class Scheduler:
 
     @property
     def has_plan_in_flight(self) -> bool:
-        return self._inflight is not None
+        return bool(self._inflight)
+
+    @property
+    def num_plans_in_flight(self) -> int:
+        return len(self._inflight)
 
     @property
     def has_pending_ids(self) -> bool:

@@ -24,7 +24,7 @@ from protocol import ErrorCode, ProtocolError
 from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
                                       ModelInfo, ModelInfoQuery, RequestOutputs)
 from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
-from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepResult, WorkerHello
+from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepPlan, StepResult, WorkerHello
 from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission
 from scheduler_svc.auth import FrontDoor
 from scheduler_svc.config import SchedulerConfig
@@ -387,22 +387,30 @@ class SchedulerService:
             self._drop_replica(replica)
 
     async def _step_loop(self, replica: Replica) -> None:
-        """The step loop of one replica: plan, send, await the answer, apply it, emit outputs."""
+        """The step loop of one replica: plan, send, await the answer, apply it, emit outputs.
+        With async scheduling the next plan is made and sent before the answer to the one in
+        flight is awaited, so the worker finds it waiting when its step ends."""
         core = replica.core
+        depth = self.config.plans_in_flight(replica.hello.device)
+        sent: deque[tuple[StepPlan, asyncio.Future]] = deque()
         while replica.alive:
-            self._refill(replica)
-            plan = core.schedule()
-            if plan is None:
+            if len(sent) < depth:
+                self._refill(replica)
+                plan = core.schedule()
+                if plan is not None:
+                    sent.append((plan, replica.begin_step(plan)))
+                    payload = encode(plan)
+                    for identity in replica.identities.values():
+                        await self.workers.send_multipart([identity, payload])
+                    continue
+            if not sent:
                 await self.flush_outputs()
                 if self.check_integrity_when_idle:
                     core.check_integrity()
                 replica.wakeup.clear()
                 await replica.wakeup.wait()
                 continue
-            answer = replica.begin_step(plan)
-            payload = encode(plan)
-            for identity in replica.identities.values():
-                await self.workers.send_multipart([identity, payload])
+            plan, answer = sent.popleft()
             try:
                 result = await answer
             except WorkerLost:

@@ -4,7 +4,10 @@ import time
 
 from client_sdk.client import AsyncClient
 
-TEST_WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05"]
+# The compiled step costs seconds of start-up per worker; tests about the service run eagerly,
+# and the ones about the model's outputs through the service take COMPILED_WORKER_ARGS.
+COMPILED_WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05"]
+TEST_WORKER_ARGS = [*COMPILED_WORKER_ARGS, "--enforce-eager"]
 
 
 async def wait_until_idle(client: AsyncClient, timeout_s: float = 30.0):

@@ -27,8 +27,12 @@ class WorkerRequest:
 
 
 class FakeWorker:
-    def __init__(self, block_size: int, vocab: list[int] | None = None, seed: int = 0):
+    def __init__(self, block_size: int, vocab: list[int] | None = None, seed: int = 0,
+                 deterministic: bool = False):
+        """deterministic: each sampled token is a function of the tokens before it (like greedy
+        decoding), so runs that schedule differently must produce the same outputs."""
         self.block_size = block_size
+        self.deterministic = deterministic
         self.vocab = vocab or list(range(10, 100))
         self.rng = random.Random(seed)
         self.requests: dict[str, WorkerRequest] = {}
@@ -104,7 +108,9 @@ class FakeWorker:
         if end < len(request.token_ids):
             return -1  # a prefill chunk short of the end
         token_id = self.next_tokens.pop(request_id, None)
-        if token_id is None:
+        if token_id is None and self.deterministic:
+            token_id = self.vocab[hash(tuple(tokens)) % len(self.vocab)]
+        elif token_id is None:
             token_id = self.rng.choice(self.vocab)
         request.token_ids.append(token_id)
         return token_id

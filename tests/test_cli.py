@@ -8,7 +8,7 @@ from client_sdk import Client, SamplingParams
 from tests.test_compose import free_port
 
 STEPSERVE = [sys.executable, "-m", "client_sdk.cli"]
-SMALL = ["--model", "micro-llama", "--dtype", "float32", "--kv-cache-gb", "0.05"]
+SMALL = ["--model", "micro-llama", "--dtype", "float32", "--kv-cache-gb", "0.05", "--enforce-eager"]
 
 
 def pids(pattern: str) -> list[str]:

@@ -90,7 +90,7 @@ async def test_a_prompt_cached_whole_recomputes_only_its_last_token_and_swap_com
     rng = random.Random(9)
     prompt = [rng.randrange(4, 1000) for _ in range(10 * BLOCK_SIZE)]
     others = [prompt[:20] + [rng.randrange(4, 1000) for _ in range(40)] for _ in range(8)]
-    worker_args = WORKER_ARGS + ["--swap-space-gb", "0.01"]
+    worker_args = WORKER_ARGS + ["--swap-space-gb", "0.01", "--enforce-eager"]
     with LocalCluster(llama_folder, 1, worker_args=worker_args, scheduler_args=["--preemption", "swap"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=120) as client:
             await client.wait_for_workers(1)

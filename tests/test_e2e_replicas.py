@@ -10,7 +10,7 @@ from client_sdk.launcher import LocalCluster
 from tests.e2e_helpers import wait_until_idle
 from tests.test_e2e_service import random_prompts
 
-WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--threads", "1"]
+WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--threads", "1", "--enforce-eager"]
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=400)
 

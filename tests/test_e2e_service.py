@@ -11,7 +11,7 @@ from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode
 from protocol.client_messages import ErrorReply, Generate, GenerateRequest, HealthQuery, RequestOutputs
 from protocol.codec import encode, scheduler_to_client_decoder
-from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy, wait_until_idle
+from tests.e2e_helpers import COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, wait_until_idle
 from tests.hf_model_folders import make_llama_folder
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
@@ -26,7 +26,8 @@ def llama_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(llama_folder):
-    with LocalCluster(llama_folder, 1, worker_args=TEST_WORKER_ARGS,
+    # The compiled step, end to end (the thousand prompts equal transformers through it).
+    with LocalCluster(llama_folder, 1, worker_args=COMPILED_WORKER_ARGS,
                       scheduler_args=["--max-num-seqs", "64"]) as running:
         yield running
 

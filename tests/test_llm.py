@@ -27,7 +27,8 @@ def test_llm_prefix_caching_on_by_default_and_off_on_request():
     prompts = [[5] * 40 + [6], [5] * 40 + [7]]  # a shared 40-token prefix
     outputs = {}
     for enable in (None, False):
-        with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enable_prefix_caching=enable) as llm:
+        with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enable_prefix_caching=enable,
+                 enforce_eager=True) as llm:
             outputs[enable] = [o.token_ids for o in llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)]
             health = llm.client.health()
             assert (health.num_prefix_cache_hits > 0) == (enable is None)

@@ -93,7 +93,7 @@ def test_chat_uses_the_models_template(llm, folder):
 
 def test_the_old_interface_still_works_with_deprecation_warnings():
     with pytest.warns(DeprecationWarning, match="data_parallel_size"):
-        llm = LLM("micro-llama", 1, dtype="float32", kv_cache_gb=0.05)
+        llm = LLM("micro-llama", 1, dtype="float32", kv_cache_gb=0.05, enforce_eager=True)
     with llm:
         outputs = llm.generate(["hello", [5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
                                use_tqdm=False)

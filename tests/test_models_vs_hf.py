@@ -10,6 +10,7 @@ import torch
 from protocol.sampling import SamplingParams
 from tests.hf_model_folders import make_llama_folder, make_opt_folder, make_qwen2_folder
 from tests.plan_player import PlanPlayer
+from worker_svc.model_executor import num_compilations
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig
 
@@ -33,10 +34,13 @@ def _hf_greedy(folder: str, prompts: list[list[int]]) -> list[list[int]]:
     return outputs
 
 
-def _runner_greedy(folder: str, prompts, events, token_budget: int) -> list[list[int]]:
+def _runner_greedy(folder: str, prompts, events, token_budget: int,
+                   enforce_eager: bool = False) -> list[list[int]]:
     runner = ModelRunner(RunnerConfig(model=folder, dtype="float32", block_size=4,
-                                      num_gpu_blocks=128, swap_space_gb=0.001))
-    assert runner.num_cpu_blocks >= 32
+                                      num_gpu_blocks=128, swap_space_gb=0.001,
+                                      enforce_eager=enforce_eager))
+    assert runner.num_cpu_blocks >= 32 and runner.executor.compiled != enforce_eager
+    compilations_after_warm_up = num_compilations()
     player = PlanPlayer(runner, token_budget=token_budget)
     # min_tokens = max_tokens bans EOS throughout, as min_new_tokens does in generate.
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
@@ -44,6 +48,9 @@ def _runner_greedy(folder: str, prompts, events, token_budget: int) -> list[list
         player.add(f"req-{i}", prompt, params)
     outputs = player.run(events)
     assert -1 in {t for r in player.results for t in r.sampled_token_ids}, "no prefill was chunked"
+    # Every batch shape of the run (prefills, chunks, decodes, mixes of each) took the graphs
+    # compiled at start-up.
+    assert num_compilations() == compilations_after_warm_up
     return [outputs[f"req-{i}"] for i in range(len(prompts))]
 
 
@@ -60,6 +67,13 @@ def test_greedy_matches_transformers(tmp_path, make_folder):
     prompts = _prompts(1000)
     expected = _hf_greedy(folder, prompts)
     assert _runner_greedy(folder, prompts, EVENTS, token_budget=16) == expected
+
+
+def test_the_eager_path_matches_transformers_too(tmp_path):
+    folder = make_llama_folder(str(tmp_path / "model"))
+    prompts = _prompts(1000)
+    assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == \
+        _hf_greedy(folder, prompts)
 
 
 def test_llama_gqa_head_dim_and_tied_embeddings(tmp_path):

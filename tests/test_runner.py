@@ -13,6 +13,7 @@ from worker_svc.loader import LoadedModel, load_model
 from worker_svc.models.base import CacheSpec
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig
+from worker_svc.sampler import argmax_rows
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +151,14 @@ def test_state_slots_are_taken_zeroed_and_freed(monkeypatch):
     runner.execute(_plan(4, finished=["a", "b"]))
     assert runner.stats()["num_state_slots_in_use"] == 0
     runner.check_integrity()
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 8, 13, 37])
+def test_the_fused_greedy_head_picks_what_the_full_logits_pick(runner, num_rows):
+    assert runner.executor.compiled
+    hidden = torch.randn(num_rows, runner.model.lm_head_weight.shape[1],
+                         generator=torch.Generator().manual_seed(num_rows))
+    with torch.inference_mode():
+        fused = runner.executor.greedy_tokens(hidden)
+        unfused = argmax_rows(runner.executor.logits(hidden))
+    assert fused.shape == (num_rows,) and (fused == unfused).all()

@@ -3,11 +3,14 @@
 Built with torch.utils.cpp_extension into the compile cache, so later starts only load it.
 The build is tuned for this CPU (-march=native), so its name carries a digest of the source and
 of the CPU's flags: a cache shared between machines never loads a kernel built for another CPU.
+It is built from a copy of the source inside its build folder: ninja's command names the source
+path, so checkouts at different paths would otherwise keep rebuilding each other's kernel.
 Where it cannot be built (no C++ compiler) the attention falls back to plain torch.
 """
 import hashlib
 import logging
 import os
+import shutil
 import time
 
 from worker_svc import compile_cache
@@ -37,10 +40,14 @@ def load() -> object | None:
     start = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load as load_extension
-        name = f"stepserve_paged_decode_{digest}"
+        name = f"stepserve_decode_attention_{digest}"
         build_dir = os.path.join(compile_cache.extensions_dir(), name)
         os.makedirs(build_dir, exist_ok=True)
-        _module = load_extension(name, [_SOURCE], build_directory=build_dir,
+        source = os.path.join(build_dir, os.path.basename(_SOURCE))
+        if not os.path.exists(source):
+            shutil.copyfile(_SOURCE, source + ".partial")
+            os.replace(source + ".partial", source)
+        _module = load_extension(name, [source], build_directory=build_dir,
                                  extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-strict-aliasing"],
                                  extra_ldflags=["-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - no compiler, headers, ninja: run without it

@@ -59,6 +59,9 @@ class ModelExecutor:
             import torch._inductor.config as inductor_config
             import torch.fx.experimental._config as fx_config
             inductor_config.freezing = True
+            # The vector ISA is read from the CPU's flags; inductor's extra check builds and
+            # loads a probe in a fresh interpreter at every start (~1.5 s).
+            inductor_config.cpp.vec_isa_ok = True
             fx_config.use_duck_shape = False
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
             self._forward = compile(model)
@@ -93,15 +96,22 @@ class ModelExecutor:
 
     def warm_up(self, run_forward) -> float:
         """Compiles every function on dummy shapes before the first request; the seconds it took.
-        run_forward(num_tokens) runs one all-padding forward through the runner's own path."""
+        run_forward(num_tokens) runs one all-padding forward through the runner's own path.
+        A compiler that fails here (no C++ toolchain, an unsupported op) leaves the worker
+        serving eagerly rather than not at all."""
         if not self.compiled:
             return 0.0
         start = time.perf_counter()
-        hidden = run_forward(2 * TOKEN_BUCKET)
-        self.greedy_tokens(hidden)
-        self.logits(hidden)
+        try:
+            hidden = run_forward(2 * TOKEN_BUCKET)
+            self.greedy_tokens(hidden)
+            self.logits(hidden)
+        except Exception:
+            log.exception("torch.compile failed; the model runs eagerly")
+            self._forward, self._logits = self.model, self.model.compute_logits
+            self._greedy_tokens, self.compiled = None, False
+            return 0.0
         seconds = time.perf_counter() - start
-        if self.compiled:
-            log.info("model compiled in %.1f s (%d graphs)", seconds, num_compilations())
+        log.info("model compiled in %.1f s (%d graphs)", seconds, num_compilations())
         return seconds
 

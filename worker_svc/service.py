@@ -121,11 +121,14 @@ class WorkerService:
         logger.info("said hello again (%d requests of the old scheduler forgotten)", len(held))
 
     def _execute(self, plan: StepPlan) -> StepResult:
+        start = time.perf_counter()
         try:
-            return self.runner.execute(plan)
+            result = self.runner.execute(plan)
         except Exception as e:  # the runner reports its own failures; this is the last net
             logger.exception("step %d failed", plan.step_id)
-            return StepResult(plan.step_id, [], error=f"{type(e).__name__}: {e}")
+            result = StepResult(plan.step_id, [], error=f"{type(e).__name__}: {e}")
+        result.busy_s = time.perf_counter() - start  # the scheduler's worker_busy_fraction
+        return result
 
     def _heartbeat_loop(self) -> None:
         sock = self._socket()

