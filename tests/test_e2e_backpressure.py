@@ -5,8 +5,9 @@ SDK's window; every bound on a request's fields fails that request alone.
 
 Memory per waiting request, measured in the scheduler process (Request, prompt list, sampling
 params, the book's entries) with 16-token prompts, from 50,000 to 100,000 waiting: 965 bytes
-before this work (main at 397df6e) and after, 885-895 between two resizes of the dicts; the
-core alone holds ~600 (benchmarks/scheduler_overhead.py)."""
+before this work (main at 397df6e) and after it, 982 with async scheduling's two counters per
+request; ~900 between two resizes of the dicts; the core alone holds ~600
+(benchmarks/scheduler_overhead.py)."""
 import asyncio
 
 import msgspec
