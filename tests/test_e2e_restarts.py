@@ -102,11 +102,11 @@ async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_th
             for proc in list(cluster.worker_procs):
                 await kill_and_wait(client, proc)
             cluster.add_worker()
+            cluster.add_worker()  # started together: the second one serves the part below
             survived = [o.outputs[0].token_ids for o in await asyncio.wait_for(batch, 120)]
             reference = [o.outputs[0].token_ids for o in await client.generate_batch(prompts, SHORT)]
             assert survived == reference
 
-            cluster.add_worker()
             await client.wait_for_workers(2)
             stream_prompts = random_prompts(6, 1000, lengths=(5,), seed=5)
             stream_reference = [o.outputs[0].token_ids for o in await client.generate_batch(stream_prompts, LONG)]
