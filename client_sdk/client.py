@@ -74,10 +74,11 @@ class AsyncClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
-        secure_connecting_socket(self._sock, connecting_keys("client", curve_server_key, curve_secret_key))
+        keys = connecting_keys("client", curve_server_key, curve_secret_key)
+        secure_connecting_socket(self._sock, keys)
         self._monitor = self._sock.get_monitor_socket(MONITORED_EVENTS)
         self._release = weakref.finalize(self, _release, self._ctx, self._sock, self._monitor)
-        self._connection = ConnectionState(address)
+        self._connection = ConnectionState(address, uses_curve=keys is not None)
         self._sock.connect(address)
         self._deadlines = Deadlines(request_timeout_s, self._on_timeouts) if request_timeout_s else None
         self._deadline_task: asyncio.Task | None = None
@@ -351,6 +352,9 @@ class AsyncClient:
         ids = list(request_ids) if request_ids else [self._next_id() for _ in prompts]
         if len(ids) != len(prompts):
             raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
+        # The tokenizer that decodes the outputs is asked for alongside the requests, not after
+        # them: by then a killed scheduler could not answer, and the batch would be lost whole.
+        tokenizer_asked = None if self._model_info is not None else self._ask_soon(self._text_codec())
         collector = BatchCollector(progress=progress, on_stop_string=self._abort_soon)
         choice_ids = [self._choice_ids(rid, p) for rid, p in zip(ids, params_of)]
         flat_ids = [choice_id for group in choice_ids for choice_id in group]
@@ -385,6 +389,8 @@ class AsyncClient:
             unfinished = collector.unfinished_ids()
             if unfinished:
                 self._abort_soon(unfinished)
+            if tokenizer_asked is not None:
+                tokenizer_asked.cancel()
             raise
         finally:
             for choice_id in flat_ids:
@@ -395,13 +401,30 @@ class AsyncClient:
         if self._connection.auth_error is not None:
             raise self._connection.auth_error
         if any(choice.token_ids for choice in collector.choices.values()):
-            await self._text_codec()  # to decode them; nothing to ask a scheduler that served nothing
+            await self._codec_for_outputs(tokenizer_asked)
         for group in choice_ids:
             for choice_id in group:
                 collector.choices[choice_id].codec = self._codec
         return [RequestOutput(rid, prompt if isinstance(prompt, str) else None, prompt_ids[i],
                               [collector.choices[choice_id].output() for choice_id in choice_ids[i]])
                 for i, (rid, prompt) in enumerate(zip(ids, prompts))]
+
+    def _ask_soon(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is read by whoever awaits it
+        return task
+
+    async def _codec_for_outputs(self, asked: asyncio.Task | None) -> None:
+        """The tokenizer for a batch's outputs, from the question asked as it began (or, when no
+        worker had joined by then, asked now). A scheduler lost before it answered (its error fails
+        the question too) leaves the outputs with their token ids and no text."""
+        try:
+            if asked is not None:
+                await asked
+            if self._model_info is None:  # nothing to ask a scheduler that served nothing
+                await self._text_codec()
+        except ServiceError:
+            pass
 
     async def _default_window(self, num_requests: int) -> int:
         if num_requests <= SMALL_BATCH:

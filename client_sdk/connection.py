@@ -3,30 +3,34 @@
 A ZeroMQ DEALER reconnects by itself and never tells its user; the monitor does, and each event
 decides the fate of the requests live on the client:
 - a refused handshake (a key the scheduler does not accept, CurveZMQ on one side only, a wrong
-  server key): AuthenticationError, for every live request and query, and at once for new calls
+  server key: protocol.curve.HandshakeRefusals tells them from a connection that merely closed
+  during the handshake): AuthenticationError, for every live request and query, and at once for new calls
   until a handshake succeeds;
 - an established connection that closes: the scheduler stopped or restarted, or the network
   broke it; either way the scheduler forgot this connection's requests (it routes outputs by the
   connection), so each live one fails with `scheduler_restarted` instead of waiting forever.
 """
+import time
+
 import zmq
 
 from client_sdk.errors import AuthenticationError
 from protocol import ErrorCode
-from protocol.curve import HANDSHAKE_FAILED_EVENTS, handshake_failure
+from protocol.curve import HANDSHAKE_EVENTS, HandshakeRefusals
 
-MONITORED_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED_EVENTS
+MONITORED_EVENTS = zmq.EVENT_DISCONNECTED | HANDSHAKE_EVENTS
 
 
 class ConnectionState:
-    def __init__(self, address: str):
+    def __init__(self, address: str, uses_curve: bool):
         self.address = address
         self.connected = False
         self.auth_error: AuthenticationError | None = None
+        self._refusals = HandshakeRefusals(uses_curve)
 
     def on_event(self, event: int) -> tuple[str, str] | None:
         """(error code, message) for every live request when the event loses them, else None."""
-        failure = handshake_failure(event)
+        failure = self._refusals.on_event(event, time.monotonic())
         if failure is not None:
             self.connected = False
             message = f"{failure} (scheduler at {self.address})"

@@ -27,8 +27,8 @@ ENV_VARS = (SERVER_KEY_ENV, SECRET_KEY_ENV, KEYS_DIR_ENV)
 ROLES = ("scheduler", "client", "worker")
 AUTHORIZED = "authorized"
 
-HANDSHAKE_FAILED_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 def generate_keys(directory: str) -> list[str]:
@@ -107,13 +107,37 @@ def secure_bound_socket(sock: zmq.Socket, key_pair: tuple[bytes, bytes] | None) 
         sock.curve_publickey, sock.curve_secretkey = key_pair
 
 
-def handshake_failure(event: int) -> str | None:
-    """A connecting socket's monitor event -> why the scheduler refused it, or None."""
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return "the scheduler refused this side's CurveZMQ key (it is not among its authorized keys)"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        return ("the handshake with the scheduler failed: one side uses CurveZMQ keys and the other does not "
-                "(or a protocol mismatch)")
-    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        return "the CurveZMQ handshake with the scheduler failed: is curve_server_key the scheduler's public key?"
-    return None
+# A connection closed during the handshake (EVENT_HANDSHAKE_FAILED_NO_DETAIL) is all a CURVE
+# client sees of a wrong server key (the scheduler cannot read its hello and hangs up), but also
+# all it sees of a port forwarder with nothing behind it yet (docker's userland proxy while the
+# scheduler's container starts): a refusal only once it has lasted this long with no handshake
+# succeeding in between. Within the 5 s promised for a clear error; longer than a container's start.
+CLOSED_IN_HANDSHAKE_GRACE_S = 3.0
+
+
+class HandshakeRefusals:
+    """Tells, from a connecting socket's monitor events, a scheduler that refuses this side from
+    a connection that merely closed: AUTH (its ZAP handler said no) and PROTOCOL (CurveZMQ on one
+    side only) at once; a closed handshake never without keys (NULL refuses nobody), and with keys
+    only after CLOSED_IN_HANDSHAKE_GRACE_S of nothing else."""
+
+    def __init__(self, uses_curve: bool):
+        self.uses_curve = uses_curve
+        self._closing_since: float | None = None  # the first closed handshake since the last success
+
+    def on_event(self, event: int, now: float) -> str | None:
+        """Why the scheduler refused this side, or None (not a refusal, or not yet)."""
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._closing_since = None
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return "the scheduler refused this side's CurveZMQ key (it is not among its authorized keys)"
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            return ("the handshake with the scheduler failed: one side uses CurveZMQ keys and the other does not "
+                    "(or a protocol mismatch)")
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self.uses_curve:
+            if self._closing_since is None:
+                self._closing_since = now
+            if now - self._closing_since >= CLOSED_IN_HANDSHAKE_GRACE_S:
+                return ("the CurveZMQ handshake with the scheduler kept failing: is curve_server_key the "
+                        "scheduler's public key?")
+        return None

@@ -1,9 +1,9 @@
 """Chaos, bounded (well under a minute): 5,000 requests while workers are killed with SIGKILL at
-random and replaced, clients vanish without a word, requests are aborted and streams dropped.
-Every request ends exactly once (the scheduler counts each once, a wire client sees one final
-output per id), every completed one equals a clean run, and afterwards nothing is held: no
-waiting or running request, every block free on the scheduler and on the workers, no failed
-integrity check in the scheduler's log."""
+random moments of the run and replaced, clients vanish without a word, requests are aborted and
+streams dropped. Every request ends exactly once (the scheduler counts each once, a wire client
+sees one final output per id), every completed one equals a clean run, and afterwards nothing is
+held: no waiting or running request, every block free on the scheduler and on the workers, no
+failed integrity check in the scheduler's log."""
 import asyncio
 import random
 import time
@@ -21,12 +21,15 @@ NUM_BATCH, NUM_WIRE, NUM_STREAMS, NUM_VANISHING = 3000, 1000, 200, 800  # 5,000 
 NUM_KILLS = 3
 
 
-async def kill_workers(cluster: LocalCluster, rng: random.Random) -> list[float]:
-    """SIGKILL a random live worker process (joined or still starting) every few tenths of a
-    second, starting a replacement each time; NUM_KILLS times. Returns when each kill was."""
+async def kill_workers(cluster: LocalCluster, client: AsyncClient, finished_before: int,
+                       rng: random.Random) -> list[float]:
+    """SIGKILL a random live worker process (joined or still starting) each time the run has
+    finished a random share of its requests (so every kill lands while requests run, however
+    fast the machine), starting a replacement each time; NUM_KILLS times. Returns when each was."""
     times = []
-    for _ in range(NUM_KILLS):
-        await asyncio.sleep(rng.uniform(0.3, 0.8))
+    for share in sorted(rng.uniform(0.05, 0.7) for _ in range(NUM_KILLS)):
+        while (await client.health()).num_finished - finished_before < share * 5000:
+            await asyncio.sleep(0.01)
         victim = rng.choice([p for p in cluster.worker_procs if p.poll() is None])
         victim.kill()
         times.append(time.monotonic())
@@ -87,7 +90,7 @@ async def test_chaos_every_request_ends_once_and_nothing_leaks():
             clean = [o.outputs[0].token_ids for o in await client.generate_batch(prompts, PARAMS)]
             finished_before = (await client.health()).num_finished
 
-            killer = asyncio.ensure_future(kill_workers(cluster, rng))
+            killer = asyncio.ensure_future(kill_workers(cluster, client, finished_before, rng))
             wire_ids = {f"wire-{i}": p for i, p in enumerate(wire)}
             results = await asyncio.wait_for(asyncio.gather(
                 client.generate_batch(batch, PARAMS, window=1000),

@@ -1,7 +1,7 @@
 """CurveZMQ, with real processes on loopback: keys from `stepserve keys generate`, an authorized
-client and worker served, an unauthorized client and an unauthorized worker refused with a
-clear AuthenticationError within seconds (the service unharmed), and the warning for an open
-socket bound beyond loopback."""
+client and worker served, an unauthorized client (a stranger's key, no key, a wrong server key)
+and an unauthorized worker refused with a clear AuthenticationError within seconds (the service
+unharmed), and the warning for an open socket bound beyond loopback."""
 import os
 import subprocess
 import sys
@@ -38,12 +38,22 @@ def stranger(tmp_path_factory) -> str:
 
 async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(keys, stranger, monkeypatch):
     with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS, curve_keys=keys) as cluster:
+        server_key = os.path.join(keys, "scheduler.key")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSERVE_CURVE")}
+        # Loads its model (seconds) while the clients below are refused.
+        worker = subprocess.Popen([sys.executable, "-m", "worker_svc", "--scheduler", cluster.workers_address,
+                                   "--model", "micro-llama", *WORKER_ARGS, "--curve-server-key", server_key,
+                                   "--curve-secret-key", stranger], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, env=env)
         async with AsyncClient(cluster.address, timeout_s=30, **cluster.client_keys) as client:
             await client.wait_for_workers(1)
             assert (await client.generate([5, 6, 7], PARAMS)).outputs[0].finish_reason == "length"
 
-            server_key = os.path.join(keys, "scheduler.key")
-            for kwargs in ({"curve_server_key": server_key, "curve_secret_key": stranger}, {}):
+            refused_ways = {"stranger key": {"curve_server_key": server_key, "curve_secret_key": stranger},
+                            "no key": {},
+                            "wrong server key": {"curve_server_key": os.path.join(keys, "client.key"),
+                                                 "curve_secret_key": os.path.join(keys, "client.key_secret")}}
+            for way, kwargs in refused_ways.items():
                 async with AsyncClient(cluster.address, **kwargs) as refused:
                     started = time.monotonic()
                     with pytest.raises(AuthenticationError) as err:
@@ -51,7 +61,7 @@ async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(
                     assert time.monotonic() - started < 5
                     with pytest.raises(AuthenticationError):  # and at once from then on
                         await refused.health()
-                print(f"refused client ({'stranger key' if kwargs else 'no key'}): {err.value}")
+                print(f"refused client ({way}) in {time.monotonic() - started:.1f} s: {err.value}")
 
             monkeypatch.setenv("STEPSERVE_CURVE_SERVER_KEY", server_key)
             monkeypatch.setenv("STEPSERVE_CURVE_SECRET_KEY", os.path.join(keys, "client.key_secret"))
@@ -60,13 +70,9 @@ async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(
             monkeypatch.delenv("STEPSERVE_CURVE_SERVER_KEY")
             monkeypatch.delenv("STEPSERVE_CURVE_SECRET_KEY")
 
-            env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSERVE_CURVE")}
-            worker = subprocess.run([sys.executable, "-m", "worker_svc", "--scheduler", cluster.workers_address,
-                                     "--model", "micro-llama", *WORKER_ARGS, "--curve-server-key", server_key,
-                                     "--curve-secret-key", stranger], capture_output=True, text=True, timeout=120,
-                                    env=env)
-            assert worker.returncode == 2 and "AuthenticationError" in worker.stderr, worker.stderr[-2000:]
-            assert "refused this side's CurveZMQ key" in worker.stderr
+            stderr = worker.communicate(timeout=120)[1]
+            assert worker.returncode == 2 and "AuthenticationError" in stderr, stderr[-2000:]
+            assert "refused this side's CurveZMQ key" in stderr
 
             health = await client.health()  # unharmed, and the stranger never joined
             assert health.num_workers == 1

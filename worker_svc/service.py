@@ -20,7 +20,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from protocol import AuthenticationError, ProtocolError
 from protocol.codec import encode, scheduler_to_worker_decoder
-from protocol.curve import HANDSHAKE_FAILED_EVENTS, ConnectingKeys, handshake_failure, secure_connecting_socket
+from protocol.curve import HANDSHAKE_EVENTS, ConnectingKeys, HandshakeRefusals, secure_connecting_socket
 from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepPlan, StepResult, WorkerHello
 
 logger = logging.getLogger("stepserve.worker")
@@ -52,7 +52,8 @@ class WorkerService:
     def serve(self) -> None:
         """Until Shutdown or the end of a drain; AuthenticationError if the scheduler refuses our key."""
         sock = self._socket()
-        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED_EVENTS)
+        monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+        refusals = HandshakeRefusals(uses_curve=self.curve_keys is not None)
         sock.connect(self.scheduler_address)
         sock.send(encode(self.hello))
         beats = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -68,8 +69,10 @@ class WorkerService:
                     self._say_hello_again(sock)
                 ready = dict(poller.poll(200))
                 if monitor in ready:
-                    failure = handshake_failure(parse_monitor_message(monitor.recv_multipart())["event"])
-                    raise AuthenticationError(f"{failure} (scheduler at {self.scheduler_address})")
+                    event = parse_monitor_message(monitor.recv_multipart())["event"]
+                    failure = refusals.on_event(event, time.monotonic())
+                    if failure is not None:
+                        raise AuthenticationError(f"{failure} (scheduler at {self.scheduler_address})")
                 if sock not in ready:
                     continue
                 try:
