@@ -45,7 +45,7 @@ async def wire_client(address: str, prompts: dict[str, list[int]], rng: random.R
         await raw.send(encode(Generate([GenerateRequest(rid, p, PARAMS) for rid, p in prompts.items()])))
         to_abort = rng.sample(sorted(prompts), len(prompts) // 5)
         for start in range(0, len(to_abort), 20):
-            await raw.receive_until(lambda r: len(r.outputs) >= start // 4)
+            await raw.receive_until(lambda r, start=start: len(r.outputs) >= start // 4)
             await raw.send(encode(Abort(to_abort[start:start + 20])))
 
         def all_final(r) -> bool:
@@ -105,7 +105,7 @@ async def test_chaos_every_request_ends_once_and_nothing_leaks():
 
             assert [o.outputs[0].token_ids for o in batch_out] == clean[:NUM_BATCH]
             num_aborted = 0
-            for i, (rid, outputs) in enumerate(wire_ids.items()):
+            for i, rid in enumerate(wire_ids):
                 received = wire_out[rid]
                 assert [o.finish_reason is not None for o in received] == [True], f"{rid}: {received}"
                 if received[0].finish_reason == "abort":

@@ -1,6 +1,5 @@
 """Nothing orphaned: the processes of an LLM die with the process that made it, whether that one
 is killed with SIGKILL (the parent-death signal) or exits without close() (the finalizer)."""
-import os
 import subprocess
 import sys
 import time
