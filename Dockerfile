@@ -26,4 +26,4 @@ RUN pip install .
 # The frontend (SDK) and the gateway (HTTP) are meant to be published; workers reach the
 # scheduler on the compose network.
 EXPOSE 5555 8000
-CMD ["python", "-m", "scheduler_svc", "--frontend", "tcp://0.0.0.0:5555", "--workers", "tcp://0.0.0.0:5556"]
+CMD ["python", "-m", "scheduler_svc", "--frontend", "tcp://0.0.0.0:5555", "--worker-address", "tcp://0.0.0.0:5556"]
