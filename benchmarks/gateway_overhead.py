@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 
-from benchmarks.serving import add_serving_args, measure
+from client_sdk.bench.serving import add_serving_args, measure
 from client_sdk.client import AsyncClient
 from client_sdk.cluster_args import add_cluster_flags, cluster_args
 from client_sdk.launcher import LocalCluster

@@ -4,7 +4,7 @@ import argparse
 import contextlib
 import fcntl
 
-from benchmarks.throughput import add_throughput_args, measure
+from client_sdk.bench.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
 from client_sdk.cluster_args import add_cluster_flags, cluster_args
 from client_sdk.launcher import LocalCluster

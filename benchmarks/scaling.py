@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 
-from benchmarks.throughput import add_throughput_args, measure
+from client_sdk.bench.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
 from client_sdk.cluster_args import add_cluster_flags, service_address
 

@@ -166,12 +166,12 @@ def main(argv=None) -> int:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    from benchmarks.throughput import add_throughput_args, run_throughput
+    from client_sdk.bench.throughput import add_throughput_args, run_throughput
     throughput = bench_sub.add_parser("throughput", help="offline throughput, like `vllm bench throughput`")
     add_cluster_flags(throughput)
     add_throughput_args(throughput)
     throughput.set_defaults(func=lambda a: asyncio.run(run_throughput(a)))
-    from benchmarks.serving import add_serving_args, run_serving
+    from client_sdk.bench.serving import add_serving_args, run_serving
     serving = bench_sub.add_parser("serve", help="online serving latency, like `vllm bench serve`")
     add_cluster_flags(serving)
     add_serving_args(serving)

@@ -1,0 +1,136 @@
+"""Offline throughput, measured like vLLM's `vllm bench throughput`: random prompt ids, exactly
+--output-len new tokens (ignore_eos, greedy), every prompt handed over at once, timed over the
+generation phase only (start-up and a small warm-up excluded).
+
+    stepserve bench throughput --model tiny-llama --num-prompts 10000 --input-len 16 --output-len 16 --json
+    python -m benchmarks.throughput ...   (the same)
+
+--prefix-len N puts one shared prefix of N random tokens before every prompt's own --input-len
+tokens (a system prompt, few-shot examples), the workload prefix caching is for. The warm-up
+prompts are drawn apart from the timed ones, so the cache starts cold for the timed prompts.
+"""
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from client_sdk.client import AsyncClient
+from client_sdk.cluster_args import add_cluster_flags, service_address
+from protocol.sampling import SamplingParams
+
+
+def add_throughput_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--input-len", type=int, default=16)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--prefix-len", type=int, default=0,
+                   help="a shared prefix of this many random tokens before each prompt's own --input-len")
+    p.add_argument("--address", default=None, help="a running scheduler's frontend; else start a local one")
+    p.add_argument("--window", type=int, default=None, help="bound on requests in flight (default: all at once)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int, avoid: set[int],
+                   prefix_len: int = 0) -> list[list[int]]:
+    """Random token ids; with prefix_len, one shared random prefix before each prompt's own."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(num_prompts, input_len))
+    prefix = rng.integers(0, vocab_size, size=prefix_len)
+    for special in avoid:  # keep special tokens (bos/eos/pad) out of the prompts
+        replacement = (special + 7) % vocab_size if (special + 7) % vocab_size not in avoid else 4
+        ids[ids == special] = replacement
+        prefix[prefix == special] = replacement
+    prefix = prefix.tolist()
+    return [prefix + row for row in ids.tolist()]
+
+
+async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
+    num_workers = args.workers * args.tensor_parallel_size if args.address is None else 1
+    await client.wait_for_workers(num_workers, timeout_s=600)
+    info = await client.model_info()
+    avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
+    prefix_len = args.prefix_len
+    prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid, prefix_len)
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    warm_up = random_prompts(8, args.input_len + prefix_len, info.vocab_size, args.seed + 1_000_003, avoid)
+    await client.generate_batch(warm_up, params)  # not timed; shares no prefix with the timed prompts
+    before = await client.health()
+    start = time.perf_counter()
+    batch = asyncio.ensure_future(client.generate_batch(prompts, params, window=args.window))
+    step_timing = await sample_step_timing(client, batch)
+    outputs = await batch
+    elapsed = time.perf_counter() - start
+    bad = [o for o in outputs if len(o.outputs[0].token_ids) != args.output_len or not o.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} outputs with the wrong length or an error, e.g. {bad[0]}")
+    num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    num_prompt_tokens = args.num_prompts * (args.input_len + prefix_len)
+    health = await client.health()
+    return {
+        "model": info.model,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "prefix_len": prefix_len,
+        "output_len": args.output_len,
+        "workers": health.num_workers,
+        "window": args.window,
+        "elapsed_s": round(elapsed, 3),
+        "requests_per_second": round(args.num_prompts / elapsed, 2),
+        "tokens_per_second": round((num_prompt_tokens + num_output_tokens) / elapsed, 2),
+        "output_tokens_per_second": round(num_output_tokens / elapsed, 2),
+        "steps_per_s": health.steps_per_s,
+        # Medians over health samples taken while the batch was at its fullest (worker 0).
+        "mean_step_time_ms": step_timing[0],
+        "worker_busy_fraction": step_timing[1],
+        # Of the timed prompts' tokens looked up in the prefix cache, those found computed.
+        "prefix_cache_queries": health.num_prefix_cache_queries - before.num_prefix_cache_queries,
+        "prefix_cache_hits": health.num_prefix_cache_hits - before.num_prefix_cache_hits,
+    }
+
+
+async def sample_step_timing(client: AsyncClient, batch: asyncio.Future) -> tuple[float, float]:
+    """The first replica's mean step time and worker busy fraction, sampled twice a second
+    while `batch` runs; the medians over the samples where its batch was fullest."""
+    samples = []
+    while not batch.done():
+        await asyncio.wait([batch], timeout=0.5)
+        replicas = (await client.health()).replicas
+        if replicas and replicas[0].worker_busy_fraction:
+            samples.append((replicas[0].num_running, replicas[0].mean_step_time_ms,
+                            replicas[0].worker_busy_fraction))
+    if not samples:
+        return 0.0, 0.0
+    fullest = max(s[0] for s in samples)
+    full = [s for s in samples if s[0] == fullest]
+    return statistics.median(s[1] for s in full), statistics.median(s[2] for s in full)
+
+
+async def run_throughput(args: argparse.Namespace) -> int:
+    with service_address(args) as address:
+        client = AsyncClient(address)
+        try:
+            result = await measure(client, args)
+        finally:
+            await client.close()
+    result["config"] = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
+    print(f"Throughput: {result['requests_per_second']:.2f} requests/s, {result['tokens_per_second']:.2f} total "
+          f"tokens/s, {result['output_tokens_per_second']:.2f} output tokens/s", flush=True)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput")
+    add_cluster_flags(parser)
+    add_throughput_args(parser)
+    return asyncio.run(run_throughput(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
