@@ -59,9 +59,6 @@ class ModelExecutor:
             import torch._inductor.config as inductor_config
             import torch.fx.experimental._config as fx_config
             inductor_config.freezing = True
-            # The vector ISA is read from the CPU's flags; inductor's extra check builds and
-            # loads a probe in a fresh interpreter at every start (~1.5 s).
-            inductor_config.cpp.vec_isa_ok = True
             fx_config.use_duck_shape = False
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
             self._forward = compile(model)
