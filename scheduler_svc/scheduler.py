@@ -33,7 +33,7 @@ from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.request import Request, RequestStatus, RequestUpdate
-from scheduler_svc.stop_checks import check_stop
+from scheduler_svc.stop_checks import check_stop, reaches_length
 from scheduler_svc.waiting_queue import make_waiting_queue
 
 RUNNING = RequestStatus.RUNNING
@@ -205,7 +205,8 @@ class Scheduler:
         i = 0
         while i < end and batch.token_budget > 0:
             request = running[i]
-            if request.num_output_placeholders and self._finishes_by_length(request):
+            if request.num_output_placeholders and reaches_length(
+                    request, len(request.output_token_ids) + request.num_output_placeholders, self.max_len):
                 i += 1  # its awaited token is its last: nothing more to compute for it
                 continue
             start = request.num_computed_tokens + request.num_inflight_tokens
@@ -225,12 +226,6 @@ class Scheduler:
             batch.running_scheduled.append(request)
             batch.token_budget -= num_new
             i += 1
-
-    def _finishes_by_length(self, request: Request) -> bool:
-        """Whether the tokens it awaits reach max_tokens or the length limit (check_stop's rule)."""
-        num_outputs = len(request.output_token_ids) + request.num_output_placeholders
-        return (num_outputs >= request.params.max_tokens
-                or request.num_prompt_tokens + num_outputs >= self.max_len)
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         del self._running[request.request_id]
