@@ -79,6 +79,7 @@ class Replica:
         future = self.inflight.pop(result.step_id, None)
         if future is None:
             return False
+        self.num_steps += 1
         self.recent_steps.append((time.monotonic(), result.busy_s))
         if not future.done():
             future.set_result(result)

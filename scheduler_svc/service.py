@@ -68,7 +68,6 @@ class SchedulerService:
         self.replica_by_worker_id: dict[str, Replica] = {}
         self.replica_by_identity: dict[bytes, Replica] = {}
         self.outputs = OutputBatcher()
-        self.step_times: deque[float] = deque(maxlen=512)
         self.last_hello: WorkerHello | None = None
         self._client_decoder = client_to_scheduler_decoder()
         self._worker_decoder = worker_to_scheduler_decoder()
@@ -313,7 +312,7 @@ class SchedulerService:
         return model_info(self.last_hello, len(self.replicas), self.admission.max_queued_requests, self.instance_id)
 
     def _health(self) -> Health:
-        h = health(list(self.replicas.values()), len(self.pending), self.step_times, self.book.num_finished)
+        h = health(list(self.replicas.values()), len(self.pending), self.book.num_finished)
         h.instance_id, h.draining = self.instance_id, self.admission.draining
         return h
 
@@ -414,8 +413,6 @@ class SchedulerService:
                 result = await answer
             except WorkerLost:
                 return
-            replica.num_steps += 1
-            self.step_times.append(time.monotonic())
             if result.error is not None:
                 logger.error("worker %s failed step %d: %s", replica.name, plan.step_id, result.error)
             self._apply(core.update(plan, result), result.error)
