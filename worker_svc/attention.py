@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from worker_svc import decode_kernel
 from worker_svc.forward_context import get_forward_context
+from worker_svc.kv_cache import num_blocks_for_tokens
 
 
 @dataclass
@@ -62,7 +63,7 @@ def build_attention_metadata(query_lens: np.ndarray, num_computed: np.ndarray,
     num_decode = int(np.count_nonzero(query_lens == 1))
     assert (query_lens[:num_decode] == 1).all(), "decodes come first"
     context_lens = num_computed + query_lens
-    decode_blocks = -(-int(context_lens[:num_decode].max(initial=1)) // block_size)
+    decode_blocks = num_blocks_for_tokens(int(context_lens[:num_decode].max(initial=1)), block_size)
     prefill = None
     if num_decode < len(query_lens):
         prefill = _prefill_metadata(query_lens[num_decode:], num_computed[num_decode:],
@@ -85,7 +86,7 @@ def _prefill_metadata(query_lens, num_computed, block_tables, start, block_size,
         pad_index = tensor(seq_of_token * max_query_len + offset_in_seq)
     tables = mask = None
     if num_computed.any():
-        max_blocks = -(-int((num_computed + query_lens).max()) // block_size)
+        max_blocks = num_blocks_for_tokens(int((num_computed + query_lens).max()), block_size)
         tables = tensor(block_tables[:, :max_blocks])
         query_pos = num_computed[:, None] + np.arange(max_query_len)  # [B, Q]
         key_pos = np.arange(max_blocks * block_size)

@@ -10,6 +10,11 @@ from worker_svc.models.base import CacheSpec
 _GiB = 1 << 30
 
 
+def num_blocks_for_tokens(num_tokens, block_size: int):
+    """Blocks that hold num_tokens tokens: an int, or a numpy array of counts."""
+    return -(-num_tokens // block_size)
+
+
 def num_blocks_for_bytes(num_bytes: float, spec: CacheSpec, block_size: int,
                          dtype: torch.dtype) -> int:
     if spec.num_attention_layers == 0:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.worker_messages import NewRequestData
+from worker_svc.kv_cache import num_blocks_for_tokens
 from worker_svc.sampler import SamplingMetadata
 
 
@@ -41,7 +42,7 @@ class RequestTable:
         self.max_model_len, self.block_size = max_model_len, block_size
         self.uses_blocks = uses_blocks  # False for pure state-space models: no KV, no blocks
         self.eos_token_ids = list(eos_token_ids)
-        self.max_blocks = -(-max_model_len // block_size)
+        self.max_blocks = num_blocks_for_tokens(max_model_len, block_size)
         self.row_of: dict[str, int] = {}
         self.stop_ids: dict[int, list[int]] = {}  # row -> tokens banned before min_tokens
         self._free_rows: list[int] = []
@@ -128,7 +129,7 @@ class RequestTable:
         context_lens = num_computed + query_lens
         if (context_lens > self.num_tokens[rows]).any():
             raise ValueError("a plan computes tokens the worker does not have")
-        if self.uses_blocks and (-(-context_lens // bs) > self.num_blocks[rows]).any():
+        if self.uses_blocks and (num_blocks_for_tokens(context_lens, bs) > self.num_blocks[rows]).any():
             raise ValueError("a plan computes tokens past a request's blocks")
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
@@ -145,7 +146,7 @@ class RequestTable:
         slot_mapping[:num_tokens] = self.block_table[token_rows, positions // bs] * bs + positions % bs
         padded_positions = np.zeros(num_padded, dtype=np.int64)
         padded_positions[:num_tokens] = positions
-        max_blocks = int(-(-context_lens.max() // bs))
+        max_blocks = int(num_blocks_for_tokens(context_lens.max(), bs))
         sampled_mask = context_lens == self.num_tokens[rows]
         return StepInputs(
             num_computed_tokens=num_computed, input_ids=input_ids, positions=padded_positions,

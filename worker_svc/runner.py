@@ -59,7 +59,8 @@ class ModelRunner:
         if self.spec.num_attention_layers == 0 and self.spec.has_state and config.num_gpu_blocks is None:
             # No KV to hold: blocks become pure bookkeeping (no memory), enough for every slot
             # to reach max_model_len, so the state-slot cap is what limits the batch.
-            self.num_gpu_blocks = config.num_state_slots * -(-self.max_model_len // self.block_size)
+            self.num_gpu_blocks = config.num_state_slots * kv_cache.num_blocks_for_tokens(
+                self.max_model_len, self.block_size)
         self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
             config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
         # One block more than the scheduler is told of: the scratch block, where padding tokens
