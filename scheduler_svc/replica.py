@@ -38,8 +38,8 @@ class Replica:
         self.alive = True
         self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything
         self.wakeup = asyncio.Event()
-        # Steps sent and not answered, oldest first: step_id -> the future of its result.
-        self.inflight: dict[int, asyncio.Future] = {}
+        # Steps sent and not yet applied, oldest first: step_id -> (plan, future of its result).
+        self.inflight: dict[int, tuple[StepPlan, asyncio.Future]] = {}
         self.last_heartbeat: dict[str, Heartbeat] = {}  # by worker_id
         self.num_steps = 0
         # Recent steps: (when the answer came, seconds the worker spent executing it).
@@ -67,28 +67,35 @@ class Replica:
         """How long the quietest rank has been silent: one dead rank stalls the whole group."""
         return now - min(self.last_seen.values())
 
-    def begin_step(self, plan: StepPlan) -> asyncio.Future:
-        """The future of plan's result; at most two steps are in flight (async scheduling)."""
+    def begin_step(self, plan: StepPlan) -> None:
+        """plan is sent; at most two steps are in flight (async scheduling)."""
         assert len(self.inflight) < 2 and plan.step_id not in self.inflight, "two steps in flight at most"
-        future = self.inflight[plan.step_id] = asyncio.get_running_loop().create_future()
-        return future
+        self.inflight[plan.step_id] = (plan, asyncio.get_running_loop().create_future())
+
+    async def oldest_result(self) -> tuple[StepPlan, StepResult]:
+        """The oldest step in flight and its result, once it came; WorkerLost if it never will."""
+        plan, future = next(iter(self.inflight.values()))
+        result = await future
+        if not self.alive:  # dropped after the answer came: its core no longer holds the step
+            raise WorkerLost(self.name)
+        del self.inflight[plan.step_id]
+        return plan, result
 
     def deliver(self, result: StepResult) -> bool:
         """Hands the worker's answer to the waiting step; False if it answers no live step."""
         self.seen(self.worker_ids[0])
-        future = self.inflight.pop(result.step_id, None)
-        if future is None:
+        _, future = self.inflight.get(result.step_id, (None, None))
+        if future is None or future.done():
             return False
         self.num_steps += 1
         self.recent_steps.append((time.monotonic(), result.busy_s))
-        if not future.done():
-            future.set_result(result)
+        future.set_result(result)
         return True
 
     def fail(self) -> None:
         self.alive = False
         self.wakeup.set()
-        for future in self.inflight.values():
+        for _, future in self.inflight.values():
             if not future.done():
                 future.set_exception(WorkerLost(self.name))
         self.inflight.clear()

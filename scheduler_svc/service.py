@@ -15,7 +15,6 @@ import itertools
 import logging
 import time
 import uuid
-from collections import deque
 
 import zmq
 import zmq.asyncio
@@ -24,7 +23,7 @@ from protocol import ErrorCode, ProtocolError
 from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
                                       ModelInfo, ModelInfoQuery, RequestOutputs)
 from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
-from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepPlan, StepResult, WorkerHello
+from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepResult, WorkerHello
 from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission
 from scheduler_svc.auth import FrontDoor
 from scheduler_svc.config import SchedulerConfig
@@ -390,27 +389,25 @@ class SchedulerService:
         flight is awaited, so the worker finds it waiting when its step ends."""
         core = replica.core
         depth = self.config.plans_in_flight(replica.hello.device)
-        sent: deque[tuple[StepPlan, asyncio.Future]] = deque()
         while replica.alive:
-            if len(sent) < depth:
+            if len(replica.inflight) < depth:
                 self._refill(replica)
                 plan = core.schedule()
                 if plan is not None:
-                    sent.append((plan, replica.begin_step(plan)))
+                    replica.begin_step(plan)
                     payload = encode(plan)
                     for identity in replica.identities.values():
                         await self.workers.send_multipart([identity, payload])
                     continue
-            if not sent:
+            if not replica.inflight:
                 await self.flush_outputs()
                 if self.check_integrity_when_idle:
                     core.check_integrity()
                 replica.wakeup.clear()
                 await replica.wakeup.wait()
                 continue
-            plan, answer = sent.popleft()
             try:
-                result = await answer
+                plan, result = await replica.oldest_result()
             except WorkerLost:
                 return
             if result.error is not None:
