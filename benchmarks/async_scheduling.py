@@ -15,7 +15,7 @@ import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args, run_rounds
 
 MODES = ("async", "sync")
 
@@ -29,16 +29,11 @@ async def run_once(args: argparse.Namespace, mode: str) -> dict:
 
 async def run(args: argparse.Namespace) -> int:
     cpu = cpu_summary()
-    rows = []
-    for round_index in range(args.rounds):
-        for mode in (MODES if round_index % 2 == 0 else MODES[::-1]):
-            row = await run_once(args, mode)
-            row["round"] = round_index
-            rows.append(row)
-            print(f"round {round_index} {mode:>5}: {row['requests_per_second']:9.2f} requests/s, step "
-                  f"{row['mean_step_time_ms']:.2f} ms, worker busy {row['worker_busy_fraction']:.1%}", flush=True)
-            if args.json:
-                print(json.dumps(row), flush=True)
+    rows = await run_rounds(
+        args, MODES, lambda mode: run_once(args, mode),
+        lambda row: (f"round {row['round']} {row['scheduling']:>5}: {row['requests_per_second']:9.2f} requests/s, "
+                     f"step {row['mean_step_time_ms']:.2f} ms, worker busy {row['worker_busy_fraction']:.1%}"),
+        mirror_odd_rounds=True)
     summary = {"cpu": cpu, "model": args.model, "num_prompts": args.num_prompts, "input_len": args.input_len,
                "output_len": args.output_len, "rounds": args.rounds}
     for mode in MODES:

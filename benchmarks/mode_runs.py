@@ -3,6 +3,7 @@ and one throughput run on a fresh local cluster, optionally under a file lock.""
 import argparse
 import contextlib
 import fcntl
+import json
 
 from client_sdk.bench.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
@@ -52,3 +53,19 @@ async def measure_on_fresh_cluster(args: argparse.Namespace, extra_scheduler_arg
             return await measure(client, args)
         finally:
             await client.close()
+
+
+async def run_rounds(args: argparse.Namespace, modes, run_one, describe, mirror_odd_rounds: bool) -> list[dict]:
+    """args.rounds rounds of run_one(mode) for every mode, each row printed (describe(row), and
+    as JSON with --json) and returned with its round. mirror_odd_rounds: A B, B A, A B, ..."""
+    rows = []
+    for round_index in range(args.rounds):
+        order = modes[::-1] if mirror_odd_rounds and round_index % 2 else modes
+        for mode in order:
+            row = await run_one(mode)
+            row["round"] = round_index
+            rows.append(row)
+            print(describe(row), flush=True)
+            if args.json:
+                print(json.dumps(row), flush=True)
+    return rows

@@ -20,7 +20,7 @@ import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args, run_rounds
 
 MODES = {"on": "--enable-prefix-caching", "off": "--no-enable-prefix-caching"}
 
@@ -36,17 +36,13 @@ async def run_once(args: argparse.Namespace, workload: str, mode: str) -> dict:
 async def run(args: argparse.Namespace) -> int:
     cpu = cpu_summary()
     rows = []
-    for workload in args.workloads.split(","):
-        for round_index in range(args.rounds):
-            for mode in MODES:  # alternating within every round: on, off, on, off, ...
-                row = await run_once(args, workload, mode)
-                row["round"] = round_index
-                rows.append(row)
-                print(f"{workload:>8} round {round_index} caching {mode:>3}: {row['requests_per_second']:9.2f} "
-                      f"requests/s ({row['elapsed_s']} s, {row['prefix_cache_hits']} of "
-                      f"{row['prefix_cache_queries']} tokens found cached)", flush=True)
-                if args.json:
-                    print(json.dumps(row), flush=True)
+    for workload in args.workloads.split(","):  # alternating within every round: on, off, on, off, ...
+        rows += await run_rounds(
+            args, list(MODES), lambda mode, workload=workload: run_once(args, workload, mode),
+            lambda row: (f"{row['workload']:>8} round {row['round']} caching {row['prefix_caching']:>3}: "
+                         f"{row['requests_per_second']:9.2f} requests/s ({row['elapsed_s']} s, "
+                         f"{row['prefix_cache_hits']} of {row['prefix_cache_queries']} tokens found cached)"),
+            mirror_odd_rounds=False)
     summary = {"cpu": cpu, "model": args.model, "num_prompts": args.num_prompts, "prefix_len": args.prefix_len,
                "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds}
     for workload in args.workloads.split(","):
