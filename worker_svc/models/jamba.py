@@ -18,58 +18,58 @@ from worker_svc.attention import attention
 from worker_svc.forward_context import get_forward_context
 from worker_svc.models.base import CacheSpec, CausalLM
 from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
-from worker_svc.models.layers import RMSNorm
+from worker_svc.models.layers import Embedding, Linear, RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.parallel import TensorParallel
 
 
 class JambaAttention(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, dtype: torch.dtype):
         super().__init__()
         hidden = cfg["hidden_size"]
         self.num_heads = cfg["num_attention_heads"]
         self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
         self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(hidden, q_size + 2 * kv_size, False, dtype, shard_sizes=(q_size, kv_size, kv_size))
+        self.o_proj = Linear(q_size, hidden, False, dtype)
 
     def forward(self, x: torch.Tensor, kv_index: int) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, H, Dh]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, Dh]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention(q, k, v, kv_index, self.head_dim ** -0.5)  # [T, H*Dh]
         return self.o_proj(out)
 
 
-def _mamba_mixer(cfg: dict) -> MambaMixer:
+def _mamba_mixer(cfg: dict, dtype: torch.dtype) -> MambaMixer:
     hidden = cfg["hidden_size"]
     dt_rank = cfg.get("mamba_dt_rank", "auto")
     dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
     return MambaMixer(
         hidden, cfg.get("mamba_expand", 2) * hidden, cfg.get("mamba_d_state", 16),
         cfg.get("mamba_d_conv", 4), dt_rank, conv_bias=cfg.get("mamba_conv_bias", True),
-        proj_bias=cfg.get("mamba_proj_bias", False), bcdt_norm_eps=cfg.get("rms_norm_eps", 1e-6))
+        proj_bias=cfg.get("mamba_proj_bias", False), dtype=dtype, bcdt_norm_eps=cfg.get("rms_norm_eps", 1e-6))
 
 
 class JambaDecoderLayer(nn.Module):
-    def __init__(self, cfg: dict, is_attention: bool, num_experts: int):
+    def __init__(self, cfg: dict, dtype: torch.dtype, is_attention: bool, num_experts: int):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.is_attention = is_attention
         # Hugging Face names: `self_attn` on attention layers, `mamba` on the others.
         if is_attention:
-            self.self_attn = JambaAttention(cfg)
+            self.self_attn = JambaAttention(cfg, dtype)
         else:
-            self.mamba = _mamba_mixer(cfg)
+            self.mamba = _mamba_mixer(cfg, dtype)
         self.feed_forward = (
             JambaSparseMoe(hidden, cfg["intermediate_size"], num_experts,
-                           cfg.get("num_experts_per_tok", 2))
-            if num_experts > 1 else JambaMLP(hidden, cfg["intermediate_size"]))
-        self.input_layernorm = RMSNorm(hidden, eps)
-        self.pre_ff_layernorm = RMSNorm(hidden, eps)
+                           cfg.get("num_experts_per_tok", 2), dtype)
+            if num_experts > 1 else JambaMLP(hidden, cfg["intermediate_size"], dtype))
+        self.input_layernorm = RMSNorm(hidden, eps, dtype)
+        self.pre_ff_layernorm = RMSNorm(hidden, eps, dtype)
 
     def forward(self, h, cache_index: int, context) -> torch.Tensor:
         x = self.input_layernorm(h)
@@ -93,7 +93,7 @@ class JambaForCausalLM(CausalLM):
         exp_period, exp_offset = config.get("expert_layer_period", 2), config.get("expert_layer_offset", 1)
         num_experts = config.get("num_experts", config.get("num_local_experts", 16))
         self.layers = nn.ModuleList(
-            JambaDecoderLayer(config, is_attention=i % attn_period == attn_offset,
+            JambaDecoderLayer(config, dtype, is_attention=i % attn_period == attn_offset,
                               num_experts=num_experts if i % exp_period == exp_offset else 1)
             for i in range(config["num_hidden_layers"]))
         # Index of each layer into caches.kv (attention) or caches.conv / caches.ssm (Mamba).
@@ -103,14 +103,11 @@ class JambaForCausalLM(CausalLM):
             self.cache_index.append(counts[layer.is_attention])
             counts[layer.is_attention] += 1
         self.num_attention_layers, self.num_mamba_layers = counts[True], counts[False]
-        self.embed_tokens = nn.Embedding(vocab, hidden)
-        self.final_layernorm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6))
-        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.embed_tokens = Embedding(vocab, hidden, dtype)
+        self.final_layernorm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6), dtype)
         self.tie_word_embeddings = config.get("tie_word_embeddings", False)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self.to(dtype)
-        self.requires_grad_(False)
+        if not self.tie_word_embeddings:
+            self.lm_head = Linear(hidden, vocab, False, dtype)
 
     def cache_spec(self) -> CacheSpec:
         attn = next((layer.self_attn for layer in self.layers if layer.is_attention), None)

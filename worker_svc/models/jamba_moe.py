@@ -14,33 +14,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.models.layers import CheckpointMismatch
+from worker_svc.models.layers import CheckpointMismatch, Linear, parameter
 
 
 class JambaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, False, dtype,
+                                   shard_sizes=(intermediate_size, intermediate_size))
+        self.down_proj = Linear(intermediate_size, hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class JambaRouter(nn.Module):
-    def __init__(self, hidden_size: int, num_experts: int):
+    def __init__(self, hidden_size: int, num_experts: int, dtype: torch.dtype):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num_experts, hidden_size))
+        self.weight = parameter(num_experts, hidden_size, dtype=dtype)
 
 
 class JambaExperts(nn.Module):
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype):
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size,
-                                                     hidden_size))
-        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
+        self.gate_up_proj = parameter(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype)
+        self.down_proj = parameter(num_experts, hidden_size, intermediate_size, dtype=dtype)
 
     def checkpoint_names(self, module_name: str, param_name: str) -> list[str]:
         """The per-expert checkpoint names that together cover a fused parameter."""
@@ -49,11 +49,12 @@ class JambaExperts(nn.Module):
 
 
 class JambaSparseMoe(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 dtype: torch.dtype):
         super().__init__()
         self.num_experts, self.top_k = num_experts, top_k
-        self.router = JambaRouter(hidden_size, num_experts)
-        self.experts = JambaExperts(num_experts, hidden_size, intermediate_size)
+        self.router = JambaRouter(hidden_size, num_experts, dtype)
+        self.experts = JambaExperts(num_experts, hidden_size, intermediate_size, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         router_logits = F.linear(x, self.router.weight)  # [T, E]

@@ -1,4 +1,5 @@
-"""Building blocks shared by the attention models, and Hugging Face weight loading.
+"""Building blocks shared by every model (each built in its dtype, as loaded), and Hugging Face
+weight loading.
 
 Parameters are created with torch.empty (no init): the loader fills every one of them from a
 checkpoint or from seeded random numbers, so default init would only cost start-up time.
@@ -8,6 +9,11 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def parameter(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    """An uninitialised, frozen parameter (the loader fills it)."""
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
 class Linear(nn.Module):
@@ -21,10 +27,8 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  shard_sizes: tuple[int, ...] = ()):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
-                                   requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
-                     if bias else None)
+        self.weight = parameter(out_features, in_features, dtype=dtype)
+        self.bias = parameter(out_features, dtype=dtype) if bias else None
         assert not shard_sizes or sum(shard_sizes) == out_features
         self.shard_sizes = shard_sizes
 
@@ -47,8 +51,7 @@ class Linear(nn.Module):
 class Embedding(nn.Module):
     def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, dim, dtype=dtype),
-                                   requires_grad=False)
+        self.weight = parameter(num_embeddings, dim, dtype=dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
@@ -57,9 +60,9 @@ class Embedding(nn.Module):
 class RMSNorm(nn.Module):
     """Computed in float32 like Hugging Face's LlamaRMSNorm, so outputs match it closely."""
 
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.float32):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
+        self.weight = parameter(dim, dtype=dtype)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

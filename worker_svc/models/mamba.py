@@ -10,22 +10,22 @@ from torch import nn
 
 from worker_svc.forward_context import get_forward_context
 from worker_svc.models.base import CacheSpec, CausalLM
-from worker_svc.models.layers import RMSNorm
+from worker_svc.models.layers import Embedding, Linear, RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.parallel import TensorParallel
 
 
 class MambaBlock(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, dtype: torch.dtype):
         super().__init__()
         hidden = cfg["hidden_size"]
         d_inner = cfg.get("intermediate_size") or cfg.get("expand", 2) * hidden
         dt_rank = cfg.get("time_step_rank", "auto")
         dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else int(dt_rank)
-        self.norm = RMSNorm(hidden, cfg.get("layer_norm_epsilon", 1e-5))
+        self.norm = RMSNorm(hidden, cfg.get("layer_norm_epsilon", 1e-5), dtype)
         self.mixer = MambaMixer(
             hidden, d_inner, cfg.get("state_size", 16), cfg.get("conv_kernel", 4), dt_rank,
-            conv_bias=cfg.get("use_conv_bias", True), proj_bias=cfg.get("use_bias", False))
+            conv_bias=cfg.get("use_conv_bias", True), proj_bias=cfg.get("use_bias", False), dtype=dtype)
 
     def forward(self, residual, layout, conv_state, ssm_state, dtype):
         hidden = self.mixer(self.norm(residual.to(dtype)), layout, conv_state, ssm_state)
@@ -44,15 +44,12 @@ class MambaForCausalLM(CausalLM):
         self.config, self.dtype = config, dtype
         hidden = config["hidden_size"]
         self.residual_in_fp32 = config.get("residual_in_fp32", True)
-        self.embeddings = nn.Embedding(config["vocab_size"], hidden)
-        self.layers = nn.ModuleList(MambaBlock(config) for _ in range(config["num_hidden_layers"]))
-        self.norm_f = RMSNorm(hidden, config.get("layer_norm_epsilon", 1e-5))
-        self.lm_head = nn.Linear(hidden, config["vocab_size"], bias=False)
+        self.embeddings = Embedding(config["vocab_size"], hidden, dtype)
+        self.layers = nn.ModuleList(MambaBlock(config, dtype) for _ in range(config["num_hidden_layers"]))
+        self.norm_f = RMSNorm(hidden, config.get("layer_norm_epsilon", 1e-5), dtype)
         self.tie_word_embeddings = config.get("tie_word_embeddings", True)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.embeddings.weight
-        self.to(dtype)
-        self.requires_grad_(False)
+        if not self.tie_word_embeddings:
+            self.lm_head = Linear(hidden, config["vocab_size"], False, dtype)
 
     def cache_spec(self) -> CacheSpec:
         mixer = self.layers[0].mixer

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.models.layers import RMSNorm
+from worker_svc.models.layers import Linear, RMSNorm, parameter
 from worker_svc.models.state_layout import StateLayout
 
 # The scan runs in float32 whatever the model dtype; keeping the carried state in float32 too
@@ -24,24 +24,33 @@ from worker_svc.models.state_layout import StateLayout
 STATE_DTYPE = torch.float32
 
 
+class DepthwiseConvWeights(nn.Module):
+    """The weights of Hugging Face's depthwise causal nn.Conv1d (weight [D, 1, K], bias [D]);
+    the mixer applies them itself (MambaMixer._conv)."""
+
+    def __init__(self, d_inner: int, d_conv: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = parameter(d_inner, 1, d_conv, dtype=dtype)
+        self.bias = parameter(d_inner, dtype=dtype) if bias else None
+
+
 class MambaMixer(nn.Module):
     def __init__(self, hidden_size: int, d_inner: int, d_state: int, d_conv: int, dt_rank: int,
-                 conv_bias: bool, proj_bias: bool, bcdt_norm_eps: float | None = None):
+                 conv_bias: bool, proj_bias: bool, dtype: torch.dtype, bcdt_norm_eps: float | None = None):
         super().__init__()
         self.d_inner, self.d_state, self.d_conv, self.dt_rank = d_inner, d_state, d_conv, dt_rank
-        self.in_proj = nn.Linear(hidden_size, 2 * d_inner, bias=proj_bias)
-        # Depthwise causal conv; only its weight [D, 1, K] and bias [D] are used.
-        self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, bias=conv_bias)
-        self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
-        self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)
-        self.A_log = nn.Parameter(torch.zeros(d_inner, d_state))
-        self.D = nn.Parameter(torch.ones(d_inner))
-        self.out_proj = nn.Linear(d_inner, hidden_size, bias=proj_bias)
+        self.in_proj = Linear(hidden_size, 2 * d_inner, proj_bias, dtype)
+        self.conv1d = DepthwiseConvWeights(d_inner, d_conv, conv_bias, dtype)
+        self.x_proj = Linear(d_inner, dt_rank + 2 * d_state, False, dtype)
+        self.dt_proj = Linear(dt_rank, d_inner, True, dtype)
+        self.A_log = parameter(d_inner, d_state, dtype=dtype)
+        self.D = parameter(d_inner, dtype=dtype)
+        self.out_proj = Linear(d_inner, hidden_size, proj_bias, dtype)
         self.has_bcdt_norms = bcdt_norm_eps is not None
         if self.has_bcdt_norms:  # Jamba
-            self.dt_layernorm = RMSNorm(dt_rank, bcdt_norm_eps)
-            self.b_layernorm = RMSNorm(d_state, bcdt_norm_eps)
-            self.c_layernorm = RMSNorm(d_state, bcdt_norm_eps)
+            self.dt_layernorm = RMSNorm(dt_rank, bcdt_norm_eps, dtype)
+            self.b_layernorm = RMSNorm(d_state, bcdt_norm_eps, dtype)
+            self.c_layernorm = RMSNorm(d_state, bcdt_norm_eps, dtype)
 
     def forward(self, hidden: torch.Tensor, layout: StateLayout, conv_state: torch.Tensor,
                 ssm_state: torch.Tensor) -> torch.Tensor:
