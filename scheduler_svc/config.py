@@ -53,6 +53,7 @@ class WorkerCapacity:
     num_state_slots: int = 0  # Mamba state slots; 0 for attention-only models
     max_model_len: int = 2048
     eos_token_ids: tuple[int, ...] = ()
+    vocab_size: int | None = None  # prompt token ids must be below it; None: not checked
 
     def __post_init__(self):
         if self.num_gpu_blocks < 1:
@@ -68,4 +69,4 @@ class WorkerCapacity:
         """From a protocol.worker_messages.WorkerHello."""
         return cls(num_gpu_blocks=hello.num_gpu_blocks, num_cpu_blocks=hello.num_cpu_blocks,
                    num_state_slots=hello.num_state_slots, max_model_len=hello.max_model_len,
-                   eos_token_ids=tuple(hello.eos_token_ids))
+                   eos_token_ids=tuple(hello.eos_token_ids), vocab_size=hello.vocab_size)

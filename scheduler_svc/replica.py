@@ -38,8 +38,9 @@ class Replica:
         self.alive = True
         self.last_seen: dict[str, float] = {}  # worker_id -> when it last said anything
         self.wakeup = asyncio.Event()
-        # Steps sent and not yet applied, oldest first: step_id -> (plan, future of its result).
-        self.inflight: dict[int, tuple[StepPlan, asyncio.Future]] = {}
+        # The worker's answer to each plan sent and not yet applied, by step id; the plans
+        # themselves, and their order, are the core's (Scheduler.oldest_plan_in_flight).
+        self.answers: dict[int, asyncio.Future] = {}
         self.last_heartbeat: dict[str, Heartbeat] = {}  # by worker_id
         self.num_steps = 0
         # Recent steps: (when the answer came, seconds the worker spent executing it).
@@ -68,23 +69,23 @@ class Replica:
         return now - min(self.last_seen.values())
 
     def begin_step(self, plan: StepPlan) -> None:
-        """plan is sent; at most two steps are in flight (async scheduling)."""
-        assert len(self.inflight) < 2 and plan.step_id not in self.inflight, "two steps in flight at most"
-        self.inflight[plan.step_id] = (plan, asyncio.get_running_loop().create_future())
+        """plan, from this replica's core, is sent: its answer is awaited."""
+        assert plan.step_id not in self.answers, "a plan is sent once"
+        self.answers[plan.step_id] = asyncio.get_running_loop().create_future()
 
     async def oldest_result(self) -> tuple[StepPlan, StepResult]:
         """The oldest step in flight and its result, once it came; WorkerLost if it never will."""
-        plan, future = next(iter(self.inflight.values()))
-        result = await future
+        plan = self.core.oldest_plan_in_flight
+        result = await self.answers[plan.step_id]
         if not self.alive:  # dropped after the answer came: its core no longer holds the step
             raise WorkerLost(self.name)
-        del self.inflight[plan.step_id]
+        del self.answers[plan.step_id]
         return plan, result
 
     def deliver(self, result: StepResult) -> bool:
         """Hands the worker's answer to the waiting step; False if it answers no live step."""
         self.seen(self.worker_ids[0])
-        _, future = self.inflight.get(result.step_id, (None, None))
+        future = self.answers.get(result.step_id)
         if future is None or future.done():
             return False
         self.num_steps += 1
@@ -95,10 +96,10 @@ class Replica:
     def fail(self) -> None:
         self.alive = False
         self.wakeup.set()
-        for _, future in self.inflight.values():
+        for future in self.answers.values():
             if not future.done():
                 future.set_exception(WorkerLost(self.name))
-        self.inflight.clear()
+        self.answers.clear()
 
     def step_timing(self) -> tuple[float, float]:
         """Over the recent steps: the mean time between answers (ms), and the fraction of that

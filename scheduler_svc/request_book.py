@@ -1,7 +1,8 @@
-"""RequestBook: the service's index of live requests, by id, by client and by replica.
+"""RequestBook: the service's index of live requests, by id and by client.
 
-The cores own scheduling; this book answers the service's own questions in O(1): is this id
-live, whose is it, which replica holds it, and which requests die with a vanished client.
+Where a live request is has one owner each: `pending` (the service's queue) until a replica's
+core takes it, then that core (its waiting, running and swapped queues). This book owns only
+what neither knows: is this id live anywhere, and which requests die with a vanished client.
 """
 from collections import defaultdict
 
@@ -11,7 +12,6 @@ from scheduler_svc.request import Request
 class RequestBook:
     def __init__(self):
         self._requests: dict[str, Request] = {}
-        self._replica_of: dict[str, object] = {}  # id -> Replica, once a core holds it
         self._ids_of_client: dict[bytes, set[str]] = defaultdict(set)
         self.num_finished = 0
 
@@ -32,20 +32,12 @@ class RequestBook:
         self._requests[request.request_id] = request
         self._ids_of_client[request.client].add(request.request_id)
 
-    def place(self, request: Request, replica) -> None:
-        self._replica_of[request.request_id] = replica
-
-    def unplace(self, request_id: str):
-        """Forgets which replica holds it (requeued, or ended); returns that replica."""
-        return self._replica_of.pop(request_id, None)
-
     def ids_of(self, client: bytes) -> list[str]:
         return list(self._ids_of_client.get(client, ()))
 
     def forget(self, request: Request) -> None:
-        """The request ended: no longer live, on no replica, counted as finished."""
+        """The request ended: no longer live, counted as finished."""
         del self._requests[request.request_id]
-        self._replica_of.pop(request.request_id, None)
         ids = self._ids_of_client.get(request.client)
         if ids is not None:
             ids.discard(request.request_id)

@@ -34,6 +34,7 @@ from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.request import Request, RequestStatus, RequestUpdate
 from scheduler_svc.stop_checks import check_stop, reaches_length
+from scheduler_svc.validation import check_request
 from scheduler_svc.waiting_queue import make_waiting_queue
 
 RUNNING = RequestStatus.RUNNING
@@ -42,7 +43,8 @@ WAITING = RequestStatus.WAITING
 
 
 class _Batch:
-    """What one schedule() call has decided so far."""
+    """What one schedule() call has decided so far. Each scheduled request is added with its
+    plan entry in one call, so a request and its entry are never apart."""
 
     __slots__ = ("token_budget", "new_requests", "new_scheduled", "running_requests",
                  "running_scheduled", "preempted_ids", "swap_out", "swap_in", "copies")
@@ -50,13 +52,38 @@ class _Batch:
     def __init__(self, token_budget: int):
         self.token_budget = token_budget
         self.new_requests: list[NewRequestData] = []
-        self.new_scheduled: list[Request] = []  # aligned with new_requests
+        self.new_scheduled: list[Request] = []  # new_requests[i] is new_scheduled[i]'s
         self.running_requests: list[RunningRequestData] = []
-        self.running_scheduled: list[Request] = []  # aligned with running_requests
+        self.running_scheduled: list[Request] = []  # likewise
         self.preempted_ids: list[str] = []
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
         self.copies: list[tuple[int, int]] = []  # copy-on-write of a fully cached last block
+
+    def add_new(self, request: Request, data: NewRequestData) -> None:
+        self.new_requests.append(data)
+        self.new_scheduled.append(request)
+        self.token_budget -= data.num_new_tokens
+
+    def add_running(self, request: Request, data: RunningRequestData) -> None:
+        self.running_requests.append(data)
+        self.running_scheduled.append(request)
+        self.token_budget -= data.num_new_tokens
+
+
+class StepInFlight:
+    """A plan returned by schedule() whose result is not applied yet.
+
+    scheduled: (request, tokens it computes, whether the step samples a token for it), in the
+    plan's order (new requests, then running ones), which is the order of the worker's sampled
+    tokens: the result is matched to it by step id and count (ids on the wire would cost ~40
+    bytes per request per step). Empty for a free-only plan."""
+
+    __slots__ = ("plan", "scheduled")
+
+    def __init__(self, plan: StepPlan, scheduled: list[tuple[Request, int, bool]]):
+        self.plan = plan
+        self.scheduled = scheduled
 
 
 class Scheduler:
@@ -91,8 +118,8 @@ class Scheduler:
         # Numbers arrivals (priority ties break by them). The service shares one counter with
         # its own queue and every core, so a request requeued from a dead replica never ties.
         self._arrivals = arrivals if arrivals is not None else itertools.count()
-        # Plans in flight, oldest first: (step_id, scheduled requests, tokens each, token awaited).
-        self._inflight: deque[tuple[int, list[Request], list[int], list[bool]]] = deque()
+        # Every plan returned and not yet update()d, oldest first: the one record of steps in flight.
+        self._inflight: deque[StepInFlight] = deque()
         self.num_preemptions = 0  # for stats: how often memory pressure evicted a request
 
     # ---- requests in and out ---------------------------------------------------------
@@ -100,12 +127,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise RequestRejected(ErrorCode.DUPLICATE_ID, f"request id {request.request_id!r} is live")
-        if request.num_tokens >= self.max_len:
-            raise RequestRejected(
-                ErrorCode.PROMPT_TOO_LONG,
-                f"{request.num_tokens} tokens leave no room to generate: the limit is {self.max_len} "
-                f"(max_model_len {self.capacity.max_model_len}, "
-                f"{self.capacity.num_gpu_blocks} blocks of {self.config.block_size} tokens)")
+        check_request(request, self.capacity, self.config, self.max_len)
         assert request.status == WAITING and not request.block_ids, f"{request} is not new"
         request.arrival = next(self._arrivals)
         self._requests[request.request_id] = request
@@ -181,18 +203,16 @@ class Scheduler:
                         blocks_to_swap_out=batch.swap_out, blocks_to_swap_in=batch.swap_in,
                         blocks_to_copy=batch.copies)
         self._next_step_id += 1
-        if scheduled:
-            num_new_tokens = [d.num_new_tokens for d in batch.new_requests]
-            num_new_tokens += [d.num_new_tokens for d in batch.running_requests]
-            awaits_token = []
-            for request, num_new in zip(scheduled, num_new_tokens):
-                start = request.num_computed_tokens + request.num_inflight_tokens
-                request.num_inflight_tokens += num_new
-                # A step that reaches the last token (known or awaited) samples the next one.
-                samples = start + num_new == request.num_tokens + request.num_output_placeholders
-                request.num_output_placeholders += samples
-                awaits_token.append(samples)
-            self._inflight.append((plan.step_id, scheduled, num_new_tokens, awaits_token))
+        step = StepInFlight(plan, [])
+        for request, data in zip(scheduled, (*batch.new_requests, *batch.running_requests)):
+            num_new = data.num_new_tokens
+            start = request.num_computed_tokens + request.num_inflight_tokens
+            request.num_inflight_tokens += num_new
+            # A step that reaches the last token (known or awaited) samples the next one.
+            samples = start + num_new == request.num_tokens + request.num_output_placeholders
+            request.num_output_placeholders += samples
+            step.scheduled.append((request, num_new, samples))
+        self._inflight.append(step)
         return plan
 
     def _schedule_running(self, batch: _Batch) -> None:
@@ -220,11 +240,9 @@ class Scheduler:
                     if end == i:
                         return  # preempted itself
                 block_manager.append(request, num_tokens)
-            batch.running_requests.append(RunningRequestData(
+            batch.add_running(request, RunningRequestData(
                 request.request_id, request.block_ids[request.num_blocks_sent:], num_new))
             request.num_blocks_sent = len(request.block_ids)
-            batch.running_scheduled.append(request)
-            batch.token_budget -= num_new
             i += 1
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
@@ -285,22 +303,20 @@ class Scheduler:
         """Send a request the worker holds no state for: all its tokens and blocks, once."""
         assert not request.num_inflight_tokens, f"{request} starts with a step of it in flight"
         request.status = RUNNING
-        batch.new_requests.append(NewRequestData(
+        batch.add_new(request, NewRequestData(
             request.request_id, request.all_token_ids, request.num_prompt_tokens,
             request.params, list(request.block_ids), request.num_computed_tokens, num_new))
         request.num_blocks_sent = len(request.block_ids)
-        batch.new_scheduled.append(request)
-        batch.token_budget -= num_new
 
     def update(self, plan: StepPlan, result: StepResult) -> list[RequestUpdate]:
         """Apply a step's result: advance, append tokens, stop checks, free what finished.
         Results are applied in the order their plans were made."""
-        if not plan.num_scheduled:
-            return []  # a free-only plan: nothing was in flight
-        assert self._inflight and self._inflight[0][0] == plan.step_id, "not the oldest plan in flight"
+        assert self._inflight and self._inflight[0].plan is plan, "not the oldest plan in flight"
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} for plan {plan.step_id}")
-        _, scheduled, num_new_tokens, awaits_token = self._inflight.popleft()
+        scheduled = self._inflight.popleft().scheduled
+        if not scheduled:
+            return []  # a free-only plan
         self.block_manager.release_copy_sources()  # the worker copied them before its forward
         sampled = result.sampled_token_ids
         failed = result.error is not None or len(sampled) != len(scheduled)
@@ -308,21 +324,21 @@ class Scheduler:
         eos_token_ids, max_len = self._eos_token_ids, self.max_len
         cache_computed_blocks = self.block_manager.cache_computed_blocks
         updates = []
-        for i, request in enumerate(scheduled):
+        for i, (request, num_new, samples) in enumerate(scheduled):
             if request.is_finished:
                 continue  # finished while the step ran (aborted, or a token of an earlier step)
-            request.num_inflight_tokens -= num_new_tokens[i]
-            request.num_output_placeholders -= awaits_token[i]
+            request.num_inflight_tokens -= num_new
+            request.num_output_placeholders -= samples
             if failed:
                 updates.append(self._finish(request, "error"))
                 continue
             status = request.status
             if status != WAITING:  # running, or swapped out since with this KV on board
-                request.num_computed_tokens += num_new_tokens[i]
+                request.num_computed_tokens += num_new
             if status == RUNNING:
                 # Its KV is computed now (this step was applied): full blocks become cacheable.
                 cache_computed_blocks(request)
-            if not awaits_token[i]:
+            if not samples:
                 continue  # a prefill chunk short of the end: no token (the worker sent -1)
             token_id = sampled[i]
             if token_id < 0:
@@ -373,8 +389,18 @@ class Scheduler:
         return bool(self._requests)
 
     @property
+    def num_plans_in_flight(self) -> int:
+        """Plans returned by schedule() and not yet update()d (free-only ones too)."""
+        return len(self._inflight)
+
+    @property
+    def oldest_plan_in_flight(self) -> StepPlan | None:
+        return self._inflight[0].plan if self._inflight else None
+
+    @property
     def has_plan_in_flight(self) -> bool:
-        return bool(self._inflight)
+        """A plan that computes for some request is in flight (not only a free-only one)."""
+        return any(step.scheduled for step in self._inflight)
 
     @property
     def has_pending_ids(self) -> bool:

@@ -34,7 +34,6 @@ from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import OutputBatcher, error_output, output_for
 from scheduler_svc.replica import Replica, WorkerLost
 from scheduler_svc.stats import health, model_info
-from scheduler_svc.validation import check_token_ids
 from scheduler_svc.request import Request
 from scheduler_svc.request_book import RequestBook
 from scheduler_svc.waiting_queue import make_waiting_queue
@@ -267,8 +266,8 @@ class SchedulerService:
         it (its core frees its blocks and queues its id for the worker; `pending` skips it
         lazily), out of the book, counted, and its last output to its client.
         error: (code, message) for reason "error"; new_*: what its last step gave it."""
-        replica = self.book.unplace(request.request_id)
         if not request.is_finished:  # else its core ended it in a step, and said so in an update
+            replica = self._replica_holding(request)
             if replica is not None:
                 replica.core.abort(request.request_id, reason)
                 replica.wakeup.set()  # its id must reach the worker in a (possibly free-only) plan
@@ -285,6 +284,14 @@ class SchedulerService:
             output = output_for(request, new_token_ids or [], new_logprobs, reason)
         if output is not None:
             self.outputs.add(request.client, output)
+
+    def _replica_holding(self, request: Request) -> Replica | None:
+        """The replica whose core holds the request; None while it waits in `pending`.
+        O(replicas): each core is the one owner of what it holds."""
+        for replica in self.replicas.values():
+            if replica.core.get_request(request.request_id) is request:
+                return replica
+        return None
 
     def _abort(self, request_id: str, client: bytes | None) -> None:
         """A client's abort (or its vanishing): idempotent, and only of its own requests."""
@@ -350,7 +357,6 @@ class SchedulerService:
         # Recompute elsewhere: back to the front of pending, in the order they ran.
         requeued = replica.core.take_unfinished()
         for request in reversed(requeued):
-            self.book.unplace(request.request_id)
             self.pending.push_front(request)
         logger.warning("replica %s dropped; %d requests requeued", replica.name, len(requeued))
         self._wake_replicas()
@@ -360,21 +366,19 @@ class SchedulerService:
             replica.wakeup.set()
 
     def _refill(self, replica: Replica) -> None:
-        """Moves pending requests into the replica's core, up to a watermark of waiting ones."""
-        core, vocab_size = replica.core, replica.hello.vocab_size
-        watermark = 2 * self.config.max_num_seqs
+        """Moves pending requests into the replica's core, up to a watermark of waiting ones;
+        one the core refuses (scheduler_svc/validation.py) fails alone."""
+        core, watermark = replica.core, 2 * self.config.max_num_seqs
         while core.num_waiting < watermark:
             request = self.pending.peek()
             if request is None:
                 break
             try:
-                check_token_ids(request, vocab_size)
                 core.add_request(request)
             except RequestRejected as e:
                 self._end(request, "error", (e.code, e.message))  # still the head of `pending`
                 continue
             self.pending.pop()  # the request peeked: now its core holds it
-            self.book.place(request, replica)
 
     async def _drive(self, replica: Replica) -> None:
         try:
@@ -390,7 +394,7 @@ class SchedulerService:
         core = replica.core
         depth = self.config.plans_in_flight(replica.hello.device)
         while replica.alive:
-            if len(replica.inflight) < depth:
+            if core.num_plans_in_flight < depth:
                 self._refill(replica)
                 plan = core.schedule()
                 if plan is not None:
@@ -399,7 +403,7 @@ class SchedulerService:
                     for identity in replica.identities.values():
                         await self.workers.send_multipart([identity, payload])
                     continue
-            if not replica.inflight:
+            if not core.num_plans_in_flight:
                 await self.flush_outputs()
                 if self.check_integrity_when_idle:
                     core.check_integrity()

@@ -1,11 +1,23 @@
-"""Checks a request must pass before a replica's core takes it: those that need the worker's
-hello (the core itself checks what depends on its capacity: length, duplicate ids)."""
+"""What a request must pass before a replica's core takes it: checks against that replica's
+worker (its vocabulary, its memory and length limit). The core runs them in add_request, so a
+request refused here fails alone, and a request that waits for a worker is checked once one
+is there. Limits that need no worker (lengths of ids, parameters) are the protocol's
+(protocol/limits.py), checked when the message is decoded."""
 from protocol.errors import ErrorCode
+from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.request import Request
 
 
-def check_token_ids(request: Request, vocab_size: int) -> None:
-    """Every prompt token id names a row of the model's embedding."""
-    if max(request.prompt_token_ids) >= vocab_size:
-        raise RequestRejected(ErrorCode.INVALID_PARAMS, f"prompt token id out of range (vocab size {vocab_size})")
+def check_request(request: Request, capacity: WorkerCapacity, config: SchedulerConfig, max_len: int) -> None:
+    """Raises RequestRejected unless the request fits the worker. max_len: the longest a
+    request may grow on it (Scheduler.max_len)."""
+    if request.num_tokens >= max_len:
+        raise RequestRejected(
+            ErrorCode.PROMPT_TOO_LONG,
+            f"{request.num_tokens} tokens leave no room to generate: the limit is {max_len} "
+            f"(max_model_len {capacity.max_model_len}, "
+            f"{capacity.num_gpu_blocks} blocks of {config.block_size} tokens)")
+    if capacity.vocab_size is not None and max(request.prompt_token_ids) >= capacity.vocab_size:
+        raise RequestRejected(ErrorCode.INVALID_PARAMS,
+                              f"prompt token id out of range (vocab size {capacity.vocab_size})")
