@@ -21,7 +21,7 @@ COPY worker_svc ./worker_svc
 COPY client_sdk ./client_sdk
 COPY gateway_svc ./gateway_svc
 COPY benchmarks ./benchmarks
-RUN pip install .
+RUN pip install ".[server]"
 
 # The frontend (SDK) and the gateway (HTTP) are meant to be published; workers reach the
 # scheduler on the compose network.

@@ -7,6 +7,7 @@ never collide. Every process dies with the one that started the cluster (child_p
 With curve_keys (a folder from `stepserve keys generate`, default $STEPSERVE_CURVE_KEYS) every
 link uses CurveZMQ, each process with its own role's key.
 """
+import importlib.util
 import os
 import re
 import socket
@@ -23,6 +24,8 @@ from protocol.curve import AUTHORIZED, ENV_VARS, KEYS_DIR_ENV
 
 READY = re.compile(r"stepserve scheduler ready frontend=(\S+) workers=(\S+)(?: metrics=(\S+))?")
 GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
+# What each process imports beyond the base install: pyproject.toml's `server` extra.
+SERVER_EXTRA_MODULES = {"worker_svc": ("torch", "safetensors"), "gateway_svc": ("fastapi", "uvicorn")}
 
 
 class LocalCluster:
@@ -86,6 +89,11 @@ class LocalCluster:
         return self.num_workers * self.tensor_parallel_size
 
     def _popen(self, module: str, args: list[str], stdout=None) -> subprocess.Popen:
+        missing = [name for name in SERVER_EXTRA_MODULES.get(module, ()) if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ModuleNotFoundError(f"{module} needs {', '.join(missing)}, which this Python lacks: the base "
+                                      "install is the SDK alone; install the server extra (pip install "
+                                      "'stepserve[server]', torch first as README.md says)", name=missing[0])
         # Quiet: stderr goes to a temporary file, read back only to explain an early exit.
         stderr = tempfile.TemporaryFile() if self.quiet else None
         # Keys travel as flags, each process its own: a caller's client keys must not leak into them.
@@ -104,9 +112,13 @@ class LocalCluster:
                                    f"{_tail(proc.stderr_file)}")
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
-        self.start_scheduler(self.frontend, self.worker_address, timeout_s)
-        for _ in range(self.num_workers):
-            self.add_replica()
+        try:
+            self.start_scheduler(self.frontend, self.worker_address, timeout_s)
+            for _ in range(self.num_workers):
+                self.add_replica()
+        except BaseException:
+            self.stop()  # nothing of a cluster that failed to start outlives the failure
+            raise
         return self
 
     def start_scheduler(self, frontend: str | None = None, worker_address: str | None = None,

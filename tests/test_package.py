@@ -1,7 +1,13 @@
-"""What the package says about itself: its version, and that the SDK runs without torch."""
+"""What the package says about itself: its version, what each extra installs, and that the SDK
+runs without torch."""
+import re
 import subprocess
 import sys
-from importlib.metadata import version
+from importlib.metadata import requires, version
+
+import pytest
+
+from client_sdk import launcher
 
 
 def test_stepserve_version_is_the_installed_distributions():
@@ -13,3 +19,33 @@ def test_stepserve_version_is_the_installed_distributions():
 def test_the_sdk_imports_no_torch():
     code = "import sys, client_sdk; assert 'torch' not in sys.modules, 'client_sdk imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _requirement_names(extra: str | None) -> set[str]:
+    """Names of the installed distribution's requirements: the base ones (extra None) or those
+    an extra adds."""
+    names = set()
+    for line in requires("stepserve"):
+        requirement, _, marker = line.partition(";")
+        in_extra = f'extra == "{extra}"' in marker if extra else "extra ==" not in marker
+        if in_extra:
+            names.add(re.split(r"[\s<>=!~\[]", requirement.strip(), maxsplit=1)[0].lower())
+    return names
+
+
+def test_the_base_and_the_client_extra_install_no_torch_and_the_server_extra_does():
+    base, client, server = _requirement_names(None), _requirement_names("client"), _requirement_names("server")
+    assert {"pyzmq", "msgspec", "tokenizers"} <= base
+    assert not {"torch", "safetensors", "fastapi", "uvicorn"} & (base | client)
+    assert {"torch", "safetensors", "fastapi", "uvicorn"} <= server
+    assert "stepserve" in _requirement_names("test")  # the tests run every process: stepserve[server]
+
+
+def test_a_cluster_without_the_server_extra_says_what_to_install_and_leaves_nothing_running(monkeypatch):
+    # As on a client-only install: the worker's packages cannot be found.
+    monkeypatch.setitem(launcher.SERVER_EXTRA_MODULES, "worker_svc", ("torch", "no_such_module_of_stepserve"))
+    cluster = launcher.LocalCluster("micro-llama")
+    with pytest.raises(ModuleNotFoundError, match=r"no_such_module_of_stepserve.*stepserve\[server\]"):
+        cluster.start()
+    assert cluster.scheduler is not None and cluster.scheduler.poll() is not None, "the scheduler was left running"
+    assert not cluster.worker_procs
