@@ -56,10 +56,17 @@ class ModelExecutor:
         self._forward, self._logits, self._greedy_tokens = model, model.compute_logits, None
         self.compiled = False
         if compile_model:
+            import torch._dynamo.config as dynamo_config
             import torch._inductor.config as inductor_config
             import torch.fx.experimental._config as fx_config
             inductor_config.freezing = True
             fx_config.use_duck_shape = False
+            # Every executor compiles the same code objects (its model class's forward,
+            # GreedyHead.forward) for weights of its own: one cache entry each, not a recompile
+            # of a shape. A worker builds one; a process that builds more (the tests, a program
+            # running ModelRunners in-process) met dynamo's limit of 8 entries per code object
+            # and, with fullgraph, failed at the ninth.
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
             self._forward = compile(model)
             self._logits = compile(model.compute_logits)
