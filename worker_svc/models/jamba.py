@@ -14,34 +14,13 @@ import math
 import torch
 from torch import nn
 
-from worker_svc.attention import attention
 from worker_svc.forward_context import get_forward_context
 from worker_svc.models.base import CacheSpec, CausalLM
 from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
 from worker_svc.models.layers import Embedding, Linear, RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
+from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
-
-
-class JambaAttention(nn.Module):
-    def __init__(self, cfg: dict, dtype: torch.dtype):
-        super().__init__()
-        hidden = cfg["hidden_size"]
-        self.num_heads = cfg["num_attention_heads"]
-        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
-        self.head_dim = cfg.get("head_dim") or hidden // self.num_heads
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(hidden, q_size + 2 * kv_size, False, dtype, shard_sizes=(q_size, kv_size, kv_size))
-        self.o_proj = Linear(q_size, hidden, False, dtype)
-
-    def forward(self, x: torch.Tensor, kv_index: int) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, Dh]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, Dh]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = attention(q, k, v, kv_index, self.head_dim ** -0.5)  # [T, H*Dh]
-        return self.o_proj(out)
 
 
 def _mamba_mixer(cfg: dict, dtype: torch.dtype) -> MambaMixer:
@@ -55,13 +34,18 @@ def _mamba_mixer(cfg: dict, dtype: torch.dtype) -> MambaMixer:
 
 
 class JambaDecoderLayer(nn.Module):
-    def __init__(self, cfg: dict, dtype: torch.dtype, is_attention: bool, num_experts: int):
+    def __init__(self, cfg: dict, dtype: torch.dtype, is_attention: bool, num_experts: int, cache_index: int):
+        """cache_index: its KV (caches.kv[cache_index]) or its Mamba state (caches.conv / ssm)."""
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.is_attention = is_attention
+        self.cache_index = cache_index
         # Hugging Face names: `self_attn` on attention layers, `mamba` on the others.
-        if is_attention:
-            self.self_attn = JambaAttention(cfg, dtype)
+        if is_attention:  # no positional encoding: the Mamba layers carry order
+            num_heads = cfg["num_attention_heads"]
+            self.self_attn = SelfAttention(hidden, num_heads, cfg.get("num_key_value_heads") or num_heads,
+                                           cfg.get("head_dim") or hidden // num_heads, dtype, TensorParallel(),
+                                           cache_index)
         else:
             self.mamba = _mamba_mixer(cfg, dtype)
         self.feed_forward = (
@@ -71,13 +55,13 @@ class JambaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.pre_ff_layernorm = RMSNorm(hidden, eps, dtype)
 
-    def forward(self, h, cache_index: int, context) -> torch.Tensor:
+    def forward(self, h, context) -> torch.Tensor:
         x = self.input_layernorm(h)
         if self.is_attention:
-            h = h + self.self_attn(x, cache_index)
+            h = h + self.self_attn(x)
         else:
-            h = h + self.mamba(x, context.state_layout, context.caches.conv[cache_index],
-                               context.caches.ssm[cache_index])
+            h = h + self.mamba(x, context.state_layout, context.caches.conv[self.cache_index],
+                               context.caches.ssm[self.cache_index])
         return h + self.feed_forward(self.pre_ff_layernorm(h))
 
 
@@ -92,22 +76,26 @@ class JambaForCausalLM(CausalLM):
         attn_period, attn_offset = config.get("attn_layer_period", 8), config.get("attn_layer_offset", 4)
         exp_period, exp_offset = config.get("expert_layer_period", 2), config.get("expert_layer_offset", 1)
         num_experts = config.get("num_experts", config.get("num_local_experts", 16))
-        self.layers = nn.ModuleList(
-            JambaDecoderLayer(config, dtype, is_attention=i % attn_period == attn_offset,
-                              num_experts=num_experts if i % exp_period == exp_offset else 1)
-            for i in range(config["num_hidden_layers"]))
-        # Index of each layer into caches.kv (attention) or caches.conv / caches.ssm (Mamba).
-        self.cache_index = []
+        # Each layer's index into caches.kv (attention) or caches.conv / caches.ssm (Mamba).
         counts = {True: 0, False: 0}
-        for layer in self.layers:
-            self.cache_index.append(counts[layer.is_attention])
-            counts[layer.is_attention] += 1
+        self.layers = nn.ModuleList()
+        for i in range(config["num_hidden_layers"]):
+            is_attention = i % attn_period == attn_offset
+            self.layers.append(JambaDecoderLayer(config, dtype, is_attention,
+                                                 num_experts if i % exp_period == exp_offset else 1,
+                                                 cache_index=counts[is_attention]))
+            counts[is_attention] += 1
         self.num_attention_layers, self.num_mamba_layers = counts[True], counts[False]
         self.embed_tokens = Embedding(vocab, hidden, dtype)
         self.final_layernorm = RMSNorm(hidden, config.get("rms_norm_eps", 1e-6), dtype)
         self.tie_word_embeddings = config.get("tie_word_embeddings", False)
         if not self.tie_word_embeddings:
             self.lm_head = Linear(hidden, vocab, False, dtype)
+
+    @property
+    def cache_index(self) -> list[int]:
+        """Each layer's index into caches.kv (attention) or caches.conv / caches.ssm (Mamba)."""
+        return [layer.cache_index for layer in self.layers]
 
     def cache_spec(self) -> CacheSpec:
         attn = next((layer.self_attn for layer in self.layers if layer.is_attention), None)
@@ -127,8 +115,8 @@ class JambaForCausalLM(CausalLM):
         (positions are unused: Jamba has no positional encoding)."""
         context = get_forward_context()
         h = self.embed_tokens(input_ids)  # [T, hidden]
-        for layer, index in zip(self.layers, self.cache_index):
-            h = layer(h, index, context)
+        for layer in self.layers:
+            h = layer(h, context)
         return self.final_layernorm(h)
 
     def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.attention import attention
 from worker_svc.models.base import CausalLM
 from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
 
 
@@ -29,33 +29,12 @@ def _rope_theta(config: dict) -> float:
     return float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
 
 
-class LlamaAttention(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
-        super().__init__()
-        self.layer_index = layer_index  # its KV cache: forward context caches.kv[layer_index]
-        hidden_size = config["hidden_size"]
-        num_heads = config["num_attention_heads"]
-        num_kv_heads = config.get("num_key_value_heads") or num_heads
-        self.head_dim = config.get("head_dim") or hidden_size // num_heads
-        # This rank's heads: query heads r*H/N.. use KV heads r*Hkv/N.., the same grouping.
-        self.num_heads = tp.divide(num_heads, "num_attention_heads")
-        self.num_kv_heads = tp.divide(num_kv_heads, "num_key_value_heads")
-        attention_bias = bool(config.get("attention_bias", False))
-        qkv_bias = attention_bias or config.get("model_type") == "qwen2"
-        q_size, kv_size = num_heads * self.head_dim, num_kv_heads * self.head_dim
-        self.qkv_proj = ColumnParallelLinear(hidden_size, (q_size, kv_size, kv_size), qkv_bias,
-                                             dtype, tp, what="attention heads")
-        self.o_proj = RowParallelLinear(q_size, hidden_size, attention_bias, dtype, tp)
-        self.scale = self.head_dim ** -0.5
-
-    def forward(self, x, rotary: RotaryEmbedding, positions) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.shard_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H / N, D]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv / N, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
-        return self.o_proj(attention(q, k, v, self.layer_index, self.scale))
+def _attention(config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int) -> SelfAttention:
+    hidden_size, num_heads = config["hidden_size"], config["num_attention_heads"]
+    attention_bias = bool(config.get("attention_bias", False))  # all four projections (Llama)
+    return SelfAttention(hidden_size, num_heads, config.get("num_key_value_heads") or num_heads,
+                         config.get("head_dim") or hidden_size // num_heads, dtype, tp, layer_index,
+                         qkv_bias=attention_bias or config.get("model_type") == "qwen2", out_bias=attention_bias)
 
 
 class LlamaMLP(nn.Module):
@@ -79,7 +58,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.self_attn = LlamaAttention(config, dtype, tp, layer_index)
+        self.self_attn = _attention(config, dtype, tp, layer_index)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
         self.mlp = LlamaMLP(config, dtype, tp)
 

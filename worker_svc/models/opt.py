@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.attention import attention
 from worker_svc.models.base import CausalLM
 from worker_svc.models.layers import Embedding, Linear
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
 
 _POSITION_OFFSET = 2  # OPT's learned position table starts at index 2 (fairseq heritage)
@@ -27,28 +27,6 @@ def _layer_norm(dim: int, config: dict, dtype: torch.dtype) -> nn.LayerNorm:
     return norm
 
 
-class OPTAttention(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
-        super().__init__()
-        self.layer_index = layer_index  # its KV cache: forward context caches.kv[layer_index]
-        hidden_size = config["hidden_size"]
-        num_heads = config["num_attention_heads"]
-        self.head_dim = hidden_size // num_heads
-        self.num_heads = tp.divide(num_heads, "num_attention_heads")  # this rank's heads
-        self.num_kv_heads = self.num_heads  # no grouped-query attention
-        bias = config.get("enable_bias", True)
-        self.qkv_proj = ColumnParallelLinear(hidden_size, (hidden_size,) * 3, bias, dtype, tp,
-                                             what="attention heads")
-        self.out_proj = RowParallelLinear(hidden_size, hidden_size, bias, dtype, tp)
-        self.scale = self.head_dim ** -0.5
-
-    def forward(self, x) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        # q/k/v: [T, H / N, D]
-        return self.out_proj(attention(q, k, v, self.layer_index, self.scale))
-
-
 class OPTDecoderLayer(nn.Module):
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
         super().__init__()
@@ -57,7 +35,10 @@ class OPTDecoderLayer(nn.Module):
         if config.get("activation_function", "relu") != "relu":
             raise NotImplementedError(f"activation {config['activation_function']!r}")
         bias = config.get("enable_bias", True)
-        self.self_attn = OPTAttention(config, dtype, tp, layer_index)
+        # No grouped-query attention, no rotary: positions are added to the embedding.
+        self.self_attn = SelfAttention(hidden_size, config["num_attention_heads"], config["num_attention_heads"],
+                                       hidden_size // config["num_attention_heads"], dtype, tp, layer_index,
+                                       qkv_bias=bias, out_bias=bias)
         self.self_attn_layer_norm = _layer_norm(hidden_size, config, dtype)
         self.fc1 = ColumnParallelLinear(hidden_size, (config["ffn_dim"],), bias, dtype, tp,
                                         what="ffn_dim")
@@ -78,6 +59,9 @@ class OPTForCausalLM(CausalLM):
     supports_tensor_parallel = True
     supports_compile = True
     hf_prefixes = ("model.decoder.", "decoder.")
+
+    def hf_name(self, name: str) -> str:
+        return name.replace(".self_attn.out_proj.", ".self_attn.o_proj.")  # SelfAttention's name
 
     def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
         super().__init__()
