@@ -9,7 +9,7 @@ import threading
 
 from client_sdk import __version__
 from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
-from client_sdk.launcher import LocalCluster
+from client_sdk.launcher import LocalCluster, MissingExtra
 from client_sdk.sync_client import Client
 from protocol.curve import generate_keys
 from protocol.sampling import SamplingParams
@@ -181,7 +181,11 @@ def main(argv=None) -> int:
     if getattr(args, "deprecated_workers_address", None) is not None:
         print("warning: --workers-address is deprecated: use --worker-address", file=sys.stderr)
         args.worker_address = args.deprecated_workers_address
-    return args.func(args)
+    try:
+        return args.func(args)
+    except MissingExtra as e:  # a client-only install asked to run a worker or a gateway
+        print(f"stepserve: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
 SERVER_EXTRA_MODULES = {"worker_svc": ("torch", "safetensors"), "gateway_svc": ("fastapi", "uvicorn")}
 
 
+class MissingExtra(ModuleNotFoundError):
+    """A process of the cluster needs packages of an extra this install lacks."""
+
+
 class LocalCluster:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
@@ -91,7 +95,7 @@ class LocalCluster:
     def _popen(self, module: str, args: list[str], stdout=None) -> subprocess.Popen:
         missing = [name for name in SERVER_EXTRA_MODULES.get(module, ()) if importlib.util.find_spec(name) is None]
         if missing:
-            raise ModuleNotFoundError(f"{module} needs {', '.join(missing)}, which this Python lacks: the base "
+            raise MissingExtra(f"{module} needs {', '.join(missing)}, which this Python lacks: the base "
                                       "install is the SDK alone; install the server extra (pip install "
                                       "'stepserve[server]', torch first as README.md says)", name=missing[0])
         # Quiet: stderr goes to a temporary file, read back only to explain an early exit.

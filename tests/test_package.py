@@ -45,7 +45,7 @@ def test_a_cluster_without_the_server_extra_says_what_to_install_and_leaves_noth
     # As on a client-only install: the worker's packages cannot be found.
     monkeypatch.setitem(launcher.SERVER_EXTRA_MODULES, "worker_svc", ("torch", "no_such_module_of_stepserve"))
     cluster = launcher.LocalCluster("micro-llama")
-    with pytest.raises(ModuleNotFoundError, match=r"no_such_module_of_stepserve.*stepserve\[server\]"):
+    with pytest.raises(launcher.MissingExtra, match=r"no_such_module_of_stepserve.*stepserve\[server\]"):
         cluster.start()
     assert cluster.scheduler is not None and cluster.scheduler.poll() is not None, "the scheduler was left running"
     assert not cluster.worker_procs
