@@ -9,7 +9,7 @@ Cost contract: schedule() and update() cost O(running + newly finished); the wai
 is only ever touched at its front, and finished requests are found from the step's results.
 Prefix caching adds O(blocks of the request) where a request is admitted (lookup) and where a
 block of it fills up (registration), never a scan (scheduler_svc/block_manager.py).
-Async scheduling: up to two plans with scheduled requests may be in flight; schedule() plans
+Async scheduling: up to two plans may be in flight (a free-only one counts); schedule() plans
 the next step as if every running request gets the token the step in flight is computing for it
 (the worker appends sampled tokens itself, so a plan needs no token ids for running requests).
 A request counts the tokens scheduled but not applied (num_inflight_tokens) and the tokens it

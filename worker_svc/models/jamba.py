@@ -76,7 +76,6 @@ class JambaForCausalLM(CausalLM):
         attn_period, attn_offset = config.get("attn_layer_period", 8), config.get("attn_layer_offset", 4)
         exp_period, exp_offset = config.get("expert_layer_period", 2), config.get("expert_layer_offset", 1)
         num_experts = config.get("num_experts", config.get("num_local_experts", 16))
-        # Each layer's index into caches.kv (attention) or caches.conv / caches.ssm (Mamba).
         counts = {True: 0, False: 0}
         self.layers = nn.ModuleList()
         for i in range(config["num_hidden_layers"]):
