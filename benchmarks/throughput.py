@@ -2,7 +2,7 @@
 client_sdk/bench/throughput.py (`stepserve bench throughput`)."""
 import sys
 
-from client_sdk.bench.throughput import main
+from client_sdk.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "throughput", *sys.argv[1:]]))

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from client_sdk.bench.throughput import random_prompts
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, cluster_args
+from client_sdk.cluster_args import cluster_args
 from client_sdk.launcher import LocalCluster
 from protocol.sampling import SamplingParams
 
@@ -220,13 +219,3 @@ async def run_serving(args: argparse.Namespace) -> int:
             json.dump(result, f, indent=2)
     return 0 if result["failed"] == 0 else 1
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.serving")
-    add_cluster_flags(parser)
-    add_serving_args(parser)
-    return asyncio.run(run_serving(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

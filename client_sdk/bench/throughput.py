@@ -13,13 +13,12 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 
 import numpy as np
 
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, service_address
+from client_sdk.cluster_args import service_address
 from protocol.sampling import SamplingParams
 
 
@@ -124,13 +123,3 @@ async def run_throughput(args: argparse.Namespace) -> int:
         print(json.dumps(result), flush=True)
     return 0
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput")
-    add_cluster_flags(parser)
-    add_throughput_args(parser)
-    return asyncio.run(run_throughput(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
