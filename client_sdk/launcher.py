@@ -96,8 +96,8 @@ class LocalCluster:
         missing = [name for name in SERVER_EXTRA_MODULES.get(module, ()) if importlib.util.find_spec(name) is None]
         if missing:
             raise MissingExtra(f"{module} needs {', '.join(missing)}, which this Python lacks: the base "
-                                      "install is the SDK alone; install the server extra (pip install "
-                                      "'stepserve[server]', torch first as README.md says)", name=missing[0])
+                               "install is the SDK alone; install the server extra (pip install "
+                               "'stepserve[server]', torch first as README.md says)", name=missing[0])
         # Quiet: stderr goes to a temporary file, read back only to explain an early exit.
         stderr = tempfile.TemporaryFile() if self.quiet else None
         # Keys travel as flags, each process its own: a caller's client keys must not leak into them.
