@@ -14,19 +14,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.models.layers import CheckpointMismatch, Linear, parameter
+from worker_svc.models.gated_mlp import GatedMLP
+from worker_svc.models.layers import CheckpointMismatch, parameter
+from worker_svc.parallel import TensorParallel
 
 
-class JambaMLP(nn.Module):
+class JambaMLP(GatedMLP):
+    """Jamba's dense feed-forward: the gated MLP, no bias, one rank."""
+
     def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype):
-        super().__init__()
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, False, dtype,
-                                   shard_sizes=(intermediate_size, intermediate_size))
-        self.down_proj = Linear(intermediate_size, hidden_size, False, dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        super().__init__(hidden_size, intermediate_size, False, dtype, TensorParallel())
 
 
 class JambaRouter(nn.Module):

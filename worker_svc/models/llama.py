@@ -11,12 +11,11 @@ Embeddings and the LM head are replicated.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.models.base import CausalLM
+from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
-from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
 
@@ -37,20 +36,11 @@ def _attention(config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index
                          qkv_bias=attention_bias or config.get("model_type") == "qwen2", out_bias=attention_bias)
 
 
-class LlamaMLP(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel):
-        super().__init__()
-        hidden_size, inter = config["hidden_size"], config["intermediate_size"]
-        bias = bool(config.get("mlp_bias", False))
-        if config.get("hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act {config['hidden_act']!r}")
-        self.gate_up_proj = ColumnParallelLinear(hidden_size, (inter, inter), bias, dtype, tp,
-                                                 what="intermediate_size")
-        self.down_proj = RowParallelLinear(inter, hidden_size, bias, dtype, tp)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inter / N] each
-        return self.down_proj(F.silu(gate) * up)
+def _mlp(config: dict, dtype: torch.dtype, tp: TensorParallel) -> GatedMLP:
+    if config.get("hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"hidden_act {config['hidden_act']!r}")
+    return GatedMLP(config["hidden_size"], config["intermediate_size"], bool(config.get("mlp_bias", False)),
+                    dtype, tp)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -60,7 +50,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
         self.self_attn = _attention(config, dtype, tp, layer_index)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.mlp = LlamaMLP(config, dtype, tp)
+        self.mlp = _mlp(config, dtype, tp)
 
     def forward(self, h, rotary, positions) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rotary, positions)

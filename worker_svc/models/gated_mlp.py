@@ -1,0 +1,25 @@
+"""The gated feed-forward block of Llama-style models: down(silu(gate(x)) * up(x)).
+
+gate and up are one fused column-parallel projection (this rank's intermediate features),
+down is row-parallel (one all_reduce). Llama, Mistral and Qwen2 use it as their MLP; Jamba as
+its dense feed-forward (its experts hold the same three projections stacked, jamba_moe.py).
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from worker_svc.parallel import TensorParallel
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, dtype: torch.dtype,
+                 tp: TensorParallel):
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, (intermediate_size, intermediate_size), bias, dtype,
+                                                 tp, what="intermediate_size")
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, dtype, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, inter / N] each
+        return self.down_proj(F.silu(gate) * up)  # [T, hidden]
