@@ -51,6 +51,23 @@ def make_qwen2_folder(path: str, seed: int = 0, **overrides) -> str:
     return _save(model, path, LLAMA_SPECIALS)
 
 
+def make_qwen3_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Qwen3: per-head q/k RMSNorm, head_dim (32) not hidden / heads (16), grouped-query attention
+    (4 heads over 2 KV heads). Weights of std 0.1 (not 0.02) and an untied head, so that greedy
+    outputs vary from token to token rather than repeat the last one."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    config = _llama_defaults(num_key_value_heads=2, head_dim=32, rope_theta=1_000_000.0,
+                             initializer_range=0.1)
+    config.update(overrides)
+    model = Qwen3ForCausalLM(Qwen3Config(**config)).float().eval()
+    with torch.no_grad():  # HF initialises norm weights to 1; make q_norm / k_norm matter
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.normal_(1, 0.2)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
 def make_opt_folder(path: str, seed: int = 0, **overrides) -> str:
     from transformers import OPTConfig, OPTForCausalLM
     torch.manual_seed(seed)

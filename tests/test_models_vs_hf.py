@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from protocol.sampling import SamplingParams
-from tests.hf_model_folders import make_llama_folder, make_opt_folder, make_qwen2_folder
+from tests.hf_model_folders import make_llama_folder, make_opt_folder, make_qwen2_folder, make_qwen3_folder
 from tests.plan_player import PlanPlayer
 from worker_svc.model_executor import num_compilations
 from worker_svc.runner import ModelRunner
@@ -60,8 +60,8 @@ def _runner_greedy(folder: str, prompts, events, token_budget: int,
 EVENTS = {4: {"preempt": ("req-0",)}, 6: {"swap_out": ("req-1",)}}
 
 
-@pytest.mark.parametrize("make_folder", [make_llama_folder, make_opt_folder, make_qwen2_folder],
-                         ids=["llama", "opt", "qwen2"])
+@pytest.mark.parametrize("make_folder", [make_llama_folder, make_opt_folder, make_qwen2_folder,
+                                         make_qwen3_folder], ids=["llama", "opt", "qwen2", "qwen3"])
 def test_greedy_matches_transformers(tmp_path, make_folder):
     folder = make_folder(str(tmp_path / "model"))
     prompts = _prompts(1000)

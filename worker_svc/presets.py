@@ -1,7 +1,9 @@
 """Built-in model presets: Hugging Face style config.json dicts, random weights, byte tokenizer.
 
 They let every test, benchmark and demo run with no download. `tiny-llama` is the shape the
-peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape.
+peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape; `tiny-qwen3`
+is tiny-llama's size with Qwen3's traits (q/k norms, grouped-query attention, a head_dim of 128
+that is not hidden / heads, tied embeddings).
 """
 from worker_svc.byte_tokenizer import LLAMA_SPECIALS, OPT_SPECIALS
 
@@ -17,6 +19,15 @@ def _llama(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, nu
         "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
         "bos_token_id": LLAMA_SPECIALS["<s>"], "eos_token_id": LLAMA_SPECIALS["</s>"],
         "pad_token_id": LLAMA_SPECIALS["<pad>"], "torch_dtype": "float32",
+    }
+
+
+def _qwen3(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
+           max_positions) -> dict:
+    return {
+        **_llama(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, max_positions),
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": head_dim,
+        "rope_theta": 1_000_000.0, "tie_word_embeddings": True,
     }
 
 
@@ -36,6 +47,7 @@ def _opt(vocab_size, hidden_size, ffn_dim, num_layers, num_heads, max_positions)
 PRESETS: dict[str, dict] = {
     "tiny-llama": _llama(32000, 256, 688, 4, 4, 4, 2048),
     "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
+    "tiny-qwen3": _qwen3(32000, 256, 688, 4, 4, 2, 128, 2048),
     "tiny-opt": _opt(1000, 128, 512, 2, 4, 512),
     "opt-125m": _opt(50272, 768, 3072, 12, 12, 2048),
     "tiny-mamba": {

@@ -5,6 +5,7 @@ _ARCHITECTURES = {
     "LlamaForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),

@@ -1,8 +1,9 @@
-"""Llama, and the configs that differ from it only by options: Mistral and Qwen2.
+"""Llama, and the configs that differ from it only by options: Mistral, Qwen2 and Qwen3.
 
 Options read from config.json: num_key_value_heads (GQA), head_dim, rope_theta (or transformers
-5's rope_parameters), rms_norm_eps, attention_bias (all four projections, Llama) or Qwen2's
-q/k/v bias, mlp_bias, tie_word_embeddings.
+5's rope_parameters), rms_norm_eps, attention_bias (all four projections, Llama and Qwen3) or
+Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm (model_type qwen3 / qwen3_moe), mlp_bias,
+tie_word_embeddings.
 
 Tensor parallel (tp.size = N): each rank holds num_attention_heads / N query heads and
 num_key_value_heads / N KV heads (so both must divide by N; a GQA model with fewer KV heads than
@@ -28,12 +29,18 @@ def _rope_theta(config: dict) -> float:
     return float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
 
 
-def _attention(config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int) -> SelfAttention:
+_QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of q and k before rotary
+
+
+def attention_from_config(config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int) -> SelfAttention:
+    """The self-attention of a Llama-style layer as config.json describes it (also Qwen3-MoE's)."""
     hidden_size, num_heads = config["hidden_size"], config["num_attention_heads"]
-    attention_bias = bool(config.get("attention_bias", False))  # all four projections (Llama)
+    attention_bias = bool(config.get("attention_bias", False))  # all four projections (Llama, Qwen3)
+    qk_norm = config.get("model_type") in _QK_NORM_MODEL_TYPES
     return SelfAttention(hidden_size, num_heads, config.get("num_key_value_heads") or num_heads,
                          config.get("head_dim") or hidden_size // num_heads, dtype, tp, layer_index,
-                         qkv_bias=attention_bias or config.get("model_type") == "qwen2", out_bias=attention_bias)
+                         qkv_bias=attention_bias or config.get("model_type") == "qwen2", out_bias=attention_bias,
+                         qk_norm_eps=config.get("rms_norm_eps", 1e-6) if qk_norm else None)
 
 
 def _mlp(config: dict, dtype: torch.dtype, tp: TensorParallel) -> GatedMLP:
@@ -48,7 +55,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.self_attn = _attention(config, dtype, tp, layer_index)
+        self.self_attn = attention_from_config(config, dtype, tp, layer_index)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
         self.mlp = _mlp(config, dtype, tp)
 

@@ -4,22 +4,25 @@ A fused q|k|v projection (column-parallel: this rank's query heads and their KV 
 attention op over the forward context's KV of this layer, and an output projection (row-parallel:
 one all_reduce). Models differ only by options: grouped-query heads, biases, head_dim, and
 whether rotary positions turn q and k (Llama: yes; OPT adds learned positions to the embedding;
-Jamba has none). Hugging Face calls the output projection o_proj (Llama, Jamba) or out_proj
+Jamba has none), and Qwen3's per-head RMSNorm of q and k (q_norm / k_norm over head_dim, before
+rotary). Hugging Face calls the output projection o_proj (Llama, Jamba) or out_proj
 (OPT, renamed on load).
 """
 import torch
 from torch import nn
 
 from worker_svc.attention import attention
-from worker_svc.models.layers import RotaryEmbedding
+from worker_svc.models.layers import RMSNorm, RotaryEmbedding
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from worker_svc.parallel import TensorParallel
 
 
 class SelfAttention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 tp: TensorParallel, layer_index: int, qkv_bias: bool = False, out_bias: bool = False):
-        """layer_index: which of the model's attention layers this is (its KV: caches.kv[layer_index])."""
+                 tp: TensorParallel, layer_index: int, qkv_bias: bool = False, out_bias: bool = False,
+                 qk_norm_eps: float | None = None):
+        """layer_index: which of the model's attention layers this is (its KV: caches.kv[layer_index]);
+        qk_norm_eps: set, each head's q and k are RMS-normalised over head_dim (Qwen3)."""
         super().__init__()
         self.layer_index = layer_index
         self.head_dim = head_dim
@@ -32,6 +35,10 @@ class SelfAttention(nn.Module):
                                              what="attention heads")
         self.o_proj = RowParallelLinear(q_size, hidden_size, out_bias, dtype, tp)
         self.scale = head_dim ** -0.5
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:  # one weight of head_dim shared by every head: the same on each rank
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype)
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -40,6 +47,8 @@ class SelfAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # q: [T, H / N, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # k: [T, Hkv / N, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
             q, k = rotary(positions, q, k)
         return self.o_proj(attention(q, k, v, self.layer_index, self.scale))  # [T, hidden]
