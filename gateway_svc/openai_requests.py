@@ -1,8 +1,8 @@
 """Request bodies of OpenAI's API (with vLLM's extras), decoded and validated with msgspec, and
 their sampling fields turned into the SDK's SamplingParams (which owns the value ranges).
 
-Unknown fields are ignored, as vLLM does; fields we cannot honour (penalties, logit_bias,
-echo, suffix, tools) are refused with a 400 rather than silently dropped.
+Unknown fields are ignored, as vLLM does; fields we cannot honour (echo, suffix, tools) are
+refused with a 400 rather than silently dropped.
 """
 from typing import Any
 
@@ -35,11 +35,12 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
     priority: int = 0
-    # refused unless neutral
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a JSON key) -> bias
+    repetition_penalty: float | None = None  # vLLM's extras
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -74,13 +75,6 @@ def decode_body(body: bytes, kind: type):
 
 
 def refuse_unsupported(req: _SamplingFields) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported", param=name)
-    if req.repetition_penalty not in (None, 1.0):
-        raise bad_request("repetition_penalty is not supported", param="repetition_penalty")
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported", param="logit_bias")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise bad_request("echo is not supported", param="echo")
@@ -95,15 +89,25 @@ def refuse_unsupported(req: _SamplingFields) -> None:
             raise bad_request("response_format other than text is not supported", param="response_format")
 
 
+def _token_keys(logit_bias: dict[str, float]) -> dict[int, float]:
+    try:
+        return {int(token): bias for token, bias in logit_bias.items()}
+    except ValueError:
+        raise bad_request("logit_bias keys must be token ids", param="logit_bias") from None
+
+
 def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None) -> SamplingParams:
     """The request's sampling; a 400 that names the field when a value is out of range."""
     fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
                               "seed": req.seed, "ignore_eos": req.ignore_eos, "logprobs": num_logprobs,
                               "include_stop_str_in_output": req.include_stop_str_in_output}
-    for name in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "bad_words", "allowed_token_ids"):
         value = getattr(req, name)
         if value is not None:
             fields[name] = value
+    if req.logit_bias:
+        fields["logit_bias"] = _token_keys(req.logit_bias)
     try:
         return msgspec.convert(fields, SamplingParams)
     except msgspec.ValidationError as e:

@@ -14,6 +14,9 @@ MAX_N = 128  # completions per prompt; each is a request of its own on the sched
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_LEN = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # token ids in one logit_bias (OpenAI allows 300)
+MAX_BAD_WORDS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1 << 20
 
 # The worker link: a worker's hello decides what the scheduler allocates for it.
 MAX_NAME_LEN = 1024  # worker ids, group ids, model names, devices

@@ -3,10 +3,12 @@ from typing import Annotated
 
 import msgspec
 
-from protocol.limits import (MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
-                             MAX_TOKENS)
+from protocol.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N,
+                             MAX_STOP_STRING_LEN, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOKENS)
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -16,6 +18,13 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     convention, both accepted). top_p 1 and min_p 0 disable those filters. A seed makes the
     request's samples reproducible whatever else is in the batch. logprobs=N asks for the
     sampled token's logprob plus the top N alternatives per step.
+
+    Penalties and bias, vLLM's and OpenAI's definitions (worker_svc/logits_processors.py):
+    presence_penalty / frequency_penalty in [-2, 2] over the generated tokens; repetition_penalty
+    > 0 (1 = off) over prompt and generated tokens; logit_bias maps token id -> bias in
+    [-100, 100], added to the logits; bad_words are never generated (each word tokenized by the
+    worker with and without a leading space); allowed_token_ids, when given, are the only tokens
+    that may be sampled.
 
     n, stop and include_stop_str_in_output are the SDK's (the scheduler only sees token ids):
     the SDK sends n requests with seeds seed, seed + 1, ... (vLLM's rule), matches the stop
@@ -39,6 +48,13 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
            | Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_LEN)]],
                        msgspec.Meta(max_length=MAX_STOP_STRINGS)]) = []
     include_stop_str_in_output: bool = False
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
+    logit_bias: Annotated[dict[TokenId, Bias], msgspec.Meta(max_length=MAX_LOGIT_BIAS)] | None = None
+    bad_words: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_LEN)]],
+                         msgspec.Meta(max_length=MAX_BAD_WORDS)] = []
+    allowed_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
 
     def __post_init__(self):
         if self.min_tokens > self.max_tokens:
@@ -49,3 +65,15 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             if not self.stop:
                 raise ValueError("a stop string must not be empty")
             self.stop = [self.stop]
+        if self.repetition_penalty == float("inf"):
+            raise ValueError("repetition_penalty must be finite")
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def needs_logits(self) -> bool:
+        """The worker must see this request's full logits (not the fused greedy head's argmax)."""
+        return (self.temperature != 0 or self.logprobs is not None or self.has_penalties or bool(self.logit_bias)
+                or bool(self.bad_words) or self.allowed_token_ids is not None)

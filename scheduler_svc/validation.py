@@ -18,6 +18,13 @@ def check_request(request: Request, capacity: WorkerCapacity, config: SchedulerC
             f"{request.num_tokens} tokens leave no room to generate: the limit is {max_len} "
             f"(max_model_len {capacity.max_model_len}, "
             f"{capacity.num_gpu_blocks} blocks of {config.block_size} tokens)")
-    if capacity.vocab_size is not None and max(request.prompt_token_ids) >= capacity.vocab_size:
+    if capacity.vocab_size is None:
+        return
+    if max(request.prompt_token_ids) >= capacity.vocab_size:
         raise RequestRejected(ErrorCode.INVALID_PARAMS,
                               f"prompt token id out of range (vocab size {capacity.vocab_size})")
+    params = request.params
+    for name, ids in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids)):
+        if ids and max(ids) >= capacity.vocab_size:
+            raise RequestRejected(ErrorCode.INVALID_PARAMS,
+                                  f"{name} names token id {max(ids)}, out of range (vocab size {capacity.vocab_size})")

@@ -162,6 +162,19 @@ def test_chat_logprobs_and_n(api):
     assert r.usage.completion_tokens == 8
 
 
+def test_penalties_and_bias_with_openai_names(api):
+    """OpenAI's logit_bias and penalties, vLLM's extras in extra_body; the exact outputs are
+    test_penalties.py's (against a reference over transformers' logits)."""
+    biased = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, logit_bias={"77": 100},
+                                    extra_body={"return_token_ids": True, "ignore_eos": True}, temperature=0.0)
+    assert biased.choices[0].token_ids == [77] * 4
+    penalised = api.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, logit_bias={"77": 6, "78": 4},
+                                       presence_penalty=2.0, frequency_penalty=2.0, temperature=0.0,
+                                       extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                   "repetition_penalty": 1.2, "allowed_token_ids": [77, 78]})
+    assert penalised.choices[0].token_ids[:2] == [77, 78]  # 77 once is 6 - 2 - 2 < 4: 78
+
+
 def test_models_and_health(api, cluster):
     assert [m.id for m in api.models.list().data] == [MODEL]
     status, body = curl(cluster.base_url + "/health")
@@ -174,7 +187,10 @@ def test_errors_have_openai_shape(api, cluster):
                        ({"prompt": "x", "max_tokens": 1000}, "prompt_too_long"),
                        ({"prompt": [4] * 300}, "prompt_too_long"),
                        ({"prompt": [5, 100000]}, "invalid_params"),
-                       ({"prompt": "x", "presence_penalty": 0.5}, "invalid_params"),
+                       ({"prompt": "x", "presence_penalty": 2.5}, "invalid_params"),
+                       ({"prompt": "x", "logit_bias": {"5": 101}}, "invalid_params"),
+                       ({"prompt": "x", "logit_bias": {"five": 1}}, "invalid_params"),
+                       ({"prompt": "x", "logit_bias": {"100000": 1}}, "invalid_params"),
                        ({"prompt": []}, "invalid_params"),
                        ({"prompt": "x", "model": "no-such-model"}, "model_not_found")):
         status, text = post_json(url, body)

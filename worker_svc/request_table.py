@@ -9,6 +9,7 @@ import numpy as np
 
 from protocol.worker_messages import NewRequestData
 from worker_svc.kv_cache import num_blocks_for_tokens
+from worker_svc.logits_processors import LogitsProcessors
 from worker_svc.sampler import SamplingMetadata
 
 
@@ -38,7 +39,8 @@ class StepInputs:
 
 class RequestTable:
     def __init__(self, max_model_len: int, block_size: int, eos_token_ids: list[int],
-                 uses_blocks: bool = True, num_rows: int = 64):
+                 logits_processors: LogitsProcessors, uses_blocks: bool = True, num_rows: int = 64):
+        self.logits_processors = logits_processors  # per-request penalties, bias, ...: rows of this table
         self.max_model_len, self.block_size = max_model_len, block_size
         self.uses_blocks = uses_blocks  # False for pure state-space models: no KV, no blocks
         self.eos_token_ids = list(eos_token_ids)
@@ -95,12 +97,19 @@ class RequestTable:
         self.min_tokens[row] = p.min_tokens
         if p.min_tokens:
             self.stop_ids[row] = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
+        try:
+            num_prompt = new.num_prompt_tokens
+            self.logits_processors.add(row, p, new.token_ids[:num_prompt], new.token_ids[num_prompt:])
+        except Exception:
+            self.remove(new.request_id)
+            raise
         return row
 
     def remove(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)
         if row is not None:
             self.stop_ids.pop(row, None)
+            self.logits_processors.remove(row)
             self._free_rows.append(row)
 
     def append_blocks(self, row: int, block_ids: list[int]) -> None:
@@ -159,13 +168,18 @@ class RequestTable:
         if self.stop_ids:
             for i in np.flatnonzero(self.min_tokens[rows] > num_generated).tolist():
                 banned.append((i, self.stop_ids[int(rows[i])]))
+        adjustments = self.logits_processors.for_step(rows, self.generated_token_ids)
         return SamplingMetadata(
             temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
             min_p=self.min_p[rows], seed=self.seed[rows], num_generated=num_generated,
-            num_logprobs=self.num_logprobs[rows], banned=banned)
+            num_logprobs=self.num_logprobs[rows], banned=banned, adjustments=adjustments)
+
+    def generated_token_ids(self, row: int) -> np.ndarray:
+        return self.token_ids[row, self.num_prompt[row]:self.num_tokens[row]]
 
     def advance(self, rows: np.ndarray, query_lens: np.ndarray, sampled_rows: np.ndarray,
                 tokens: np.ndarray) -> None:
         self.num_computed[rows] += query_lens
         self.token_ids[sampled_rows, self.num_tokens[sampled_rows]] = tokens
         self.num_tokens[sampled_rows] += 1
+        self.logits_processors.on_sampled(sampled_rows, tokens)

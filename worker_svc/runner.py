@@ -18,12 +18,14 @@ import logging
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
 from worker_svc import compile_cache, decode_kernel, kv_cache
 from worker_svc.attention import build_attention_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
+from worker_svc.logits_processors import LogitsProcessors
 from worker_svc.model_executor import ModelExecutor
 from worker_svc.models.base import ModelCaches
 from worker_svc.models.state_layout import StateLayout
@@ -77,10 +79,18 @@ class ModelRunner:
         self.state_slots = StateSlotPool(self.num_state_slots)
         self.requests = RequestTable(self.max_model_len, self.block_size,
                                      self.loaded.eos_token_ids,
+                                     LogitsProcessors(self.vocab_size, self.device, self._tokenizer()),
                                      uses_blocks=self.spec.num_attention_layers > 0)
         self.executor = self._make_executor()
         with torch.inference_mode():
             self.warm_up_s = self.executor.warm_up(self._padding_forward)
+
+    def _tokenizer(self):
+        """The model's tokenizer as text -> ids (no special tokens), or None if it has none."""
+        if self.loaded.tokenizer_json is None:
+            return None
+        tokenizer = Tokenizer.from_str(self.loaded.tokenizer_json)
+        return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
 
     def _make_executor(self) -> ModelExecutor:
         config = self.config
@@ -197,7 +207,7 @@ class ModelRunner:
         if self.tp.is_driver:
             try:
                 meta = self.requests.sampling_metadata(rows)
-                if meta.all_greedy and not meta.banned and not (meta.num_logprobs >= 0).any():
+                if meta.argmax_only:
                     tokens = self.executor.greedy_tokens(hidden)
                 else:
                     tokens, logprobs = sample(self.executor.logits(hidden), meta)

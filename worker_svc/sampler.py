@@ -1,10 +1,11 @@
 """Token sampling, vectorised over the batch: greedy, temperature, top-k, top-p, min-p, seeds.
 
-Order, as in vLLM: logits / temperature -> top-k -> top-p -> min-p -> sample. A sample is the
+Order, as in vLLM: per-request adjustments (allowed tokens, bad words, min_tokens' stop tokens,
+logit bias, penalties: logits_processors.py) -> logits / temperature -> top-k -> top-p -> min-p -> sample. A sample is the
 exponential race argmax(probs / E), E ~ Exp(1), which draws from probs without a cumsum search;
 a seeded request draws its E from its own generator seeded by (seed, tokens generated so far),
 so its tokens do not depend on what else is in the batch. Logprobs are those of the raw logits
-(before temperature and filters), like vLLM's default.
+(before adjustments, temperature and filters), like vLLM's default.
 """
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from protocol.client_messages import TokenLogprobs
+from worker_svc.logits_processors import StepAdjustments
 
 
 @dataclass
@@ -27,10 +29,17 @@ class SamplingMetadata:
     num_logprobs: np.ndarray  # [S] int64, -1 = no logprobs
     # (row, token ids) whose sampling is forbidden this step: stop tokens before min_tokens.
     banned: list[tuple[int, list[int]]] = field(default_factory=list)
+    adjustments: StepAdjustments | None = None  # None: no row has penalties, bias, ...
 
     @property
     def all_greedy(self) -> bool:
         return not self.temperature.any()
+
+    @property
+    def argmax_only(self) -> bool:
+        """Every row takes the raw logits' argmax: the fused greedy head serves them all."""
+        return (self.all_greedy and not self.banned and self.adjustments is None
+                and not (self.num_logprobs >= 0).any())
 
 
 def argmax_rows(logits: torch.Tensor) -> np.ndarray:
@@ -44,8 +53,14 @@ def argmax_rows(logits: torch.Tensor) -> np.ndarray:
 def sample(logits: torch.Tensor, meta: SamplingMetadata
            ) -> tuple[np.ndarray, list[TokenLogprobs | None] | None]:
     """logits: [S, V] float32 -> token ids [S] (numpy int64) and per-row logprobs or None."""
-    for row, ids in meta.banned:
-        logits[row, ids] = float("-inf")
+    wants_logprobs = (meta.num_logprobs >= 0).any()
+    raw = logits
+    if meta.adjustments is not None or meta.banned:
+        raw = logits.clone() if wants_logprobs else None
+        if meta.adjustments is not None:
+            meta.adjustments.apply(logits)
+        for row, ids in meta.banned:
+            logits[row, ids] = float("-inf")
     if meta.all_greedy:
         tokens = argmax_rows(logits)
     else:
@@ -56,8 +71,8 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
         rows = np.flatnonzero(~greedy)
         tokens[rows] = _sample_random(logits[torch.from_numpy(rows)], meta, rows)
     logprobs = None
-    if (meta.num_logprobs >= 0).any():
-        logprobs = compute_logprobs(logits, tokens, meta.num_logprobs)
+    if wants_logprobs:
+        logprobs = compute_logprobs(raw, tokens, meta.num_logprobs)
     return tokens, logprobs
 
 
