@@ -32,7 +32,7 @@ def _last_json(stdout: str) -> dict:
 
 
 def run_stepserve(folder: str, dtype: str, num_prompts: int, extra: list[str]) -> float:
-    cmd = [sys.executable, "-m", "benchmarks.throughput", "--model", folder, "--dtype", dtype,
+    cmd = [sys.executable, "-m", "client_sdk.cli", "bench", "throughput", "--model", folder, "--dtype", dtype,
            "--num-prompts", str(num_prompts), "--json", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return _last_json(out)["requests_per_second"]

@@ -9,7 +9,7 @@ import threading
 
 from client_sdk import __version__
 from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
-from client_sdk.launcher import LocalCluster, MissingExtra
+from client_sdk.launcher import LocalCluster, MissingExtra, ProcessExited
 from client_sdk.sync_client import Client
 from protocol.curve import generate_keys
 from protocol.sampling import SamplingParams
@@ -24,8 +24,6 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
     cluster.start()
     try:
         url = start_gateway() if start_gateway else None
-        with Client(cluster.address, **cluster.client_keys) as client:
-            cluster.wait_for_workers(client, cluster.num_worker_processes, timeout_s=600)
         where = f"OpenAI API at {url}/v1 (SDK: {cluster.address})" if url else f"clients connect to {cluster.address}"
         print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.num_workers} replica(s) of "
               f"{cluster.tensor_parallel_size} worker(s); {where}", flush=True)
@@ -43,7 +41,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     scheduler, worker = cluster_args(args)
     return LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
                         frontend=args.frontend, worker_address=args.worker_address, quiet=False,
-                        tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys)
+                        tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys, announce=True)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -186,6 +184,9 @@ def main(argv=None) -> int:
     except MissingExtra as e:  # a client-only install asked to run a worker or a gateway
         print(f"stepserve: {e}", file=sys.stderr)
         return 2
+    except ProcessExited as e:  # a process of the local cluster died: its own reason, no traceback
+        print(f"stepserve: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -70,5 +70,6 @@ def service_address(args: argparse.Namespace) -> Iterator[str]:
         return
     scheduler, worker = cluster_args(args)
     with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
-                      tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys) as cluster:
+                      tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys,
+                      announce=True) as cluster:
         yield cluster.address

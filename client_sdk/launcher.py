@@ -6,6 +6,12 @@ scheduler and the gateway bind random ports and print them on their ready lines,
 never collide. Every process dies with the one that started the cluster (child_processes.py).
 With curve_keys (a folder from `stepserve keys generate`, default $STEPSERVE_CURVE_KEYS) every
 link uses CurveZMQ, each process with its own role's key.
+
+start() returns once every worker has joined the scheduler, or raises ProcessExited with the
+dead process's own last error line as soon as any process of the cluster exits: every caller
+(LLM, the `stepserve` commands, the benchmarks) fails fast the same way. With announce=True
+it says on stderr what it is doing: a worker compiling, then one line with the model, dtype,
+device and whether the step is compiled.
 """
 import importlib.util
 import os
@@ -14,31 +20,49 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 import weakref
 
 from client_sdk.child_processes import spawn, stop_all
+from client_sdk.process_output import follow_stdout, last_error_line, tail, tee_stderr
+from client_sdk.sync_client import Client
 from protocol.curve import AUTHORIZED, ENV_VARS, KEYS_DIR_ENV
 
 READY = re.compile(r"stepserve scheduler ready frontend=(\S+) workers=(\S+)(?: metrics=(\S+))?")
 GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")
 # What each process imports beyond the base install: pyproject.toml's `server` extra.
 SERVER_EXTRA_MODULES = {"worker_svc": ("torch", "safetensors"), "gateway_svc": ("fastapi", "uvicorn")}
+_ROLES = {"scheduler_svc": "the scheduler", "worker_svc": "a worker", "gateway_svc": "the gateway"}
 
 
 class MissingExtra(ModuleNotFoundError):
     """A process of the cluster needs packages of an extra this install lacks."""
 
 
+class ProcessExited(RuntimeError):
+    """A process of a local cluster exited. str(): which, its exit status and its last error
+    line; .log: the end of its log."""
+
+    def __init__(self, proc: subprocess.Popen):
+        tee = getattr(proc, "stderr_tee", None)
+        if tee is not None:
+            tee.join(timeout=2.0)  # the log's last lines may still be on their way
+        self.log = tail(proc.stderr_file)
+        self.error_line = last_error_line(self.log)
+        self.returncode = proc.returncode
+        super().__init__(f"{_ROLES.get(proc.args[2], proc.args[2])} exited with code {proc.returncode}: "
+                         f"{self.error_line}")
+
+
 class LocalCluster:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
                  worker_address: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
-                 curve_keys: str | None = None, workers: str | None = None):
+                 curve_keys: str | None = None, workers: str | None = None, announce: bool = False):
         """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes;
-        worker_address: where the scheduler listens for them (workers=: its old name)."""
+        worker_address: where the scheduler listens for them (workers=: its old name);
+        announce: say on stderr what start() is doing (the CLI and LLM do)."""
         if workers is not None:
             warnings.warn("LocalCluster(workers=ADDRESS) is deprecated: use worker_address=ADDRESS",
                           DeprecationWarning, stacklevel=2)
@@ -53,6 +77,8 @@ class LocalCluster:
         self.frontend = frontend
         self.worker_address = worker_address
         self.quiet = quiet
+        self.announce = announce
+        self.status_lines: list[str] = []  # what start() said (or would have), each line once
         self.scheduler: subprocess.Popen | None = None
         self.worker_procs: list[subprocess.Popen] = []
         self.gateways: list[subprocess.Popen] = []  # any number may share the scheduler
@@ -92,34 +118,41 @@ class LocalCluster:
         """What the scheduler's health counts as workers once all have joined: every rank."""
         return self.num_workers * self.tensor_parallel_size
 
-    def _popen(self, module: str, args: list[str], stdout=None) -> subprocess.Popen:
+    def _popen(self, module: str, args: list[str]) -> subprocess.Popen:
         missing = [name for name in SERVER_EXTRA_MODULES.get(module, ()) if importlib.util.find_spec(name) is None]
         if missing:
             raise MissingExtra(f"{module} needs {', '.join(missing)}, which this Python lacks: the base "
                                "install is the SDK alone; install the server extra (pip install "
                                "'stepserve[server]', torch first as README.md says)", name=missing[0])
-        # Quiet: stderr goes to a temporary file, read back only to explain an early exit.
-        stderr = tempfile.TemporaryFile() if self.quiet else None
+        # stderr is kept in a temporary file, to explain an early exit; echoed here unless quiet.
+        log = tempfile.TemporaryFile()
         # Keys travel as flags, each process its own: a caller's client keys must not leak into them.
         env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-        proc = spawn([sys.executable, "-m", module, *args], stdout=stdout, stderr=stderr, env=env,
-                     start_new_session=True)
-        proc.stderr_file = stderr
+        proc = spawn([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                     stderr=log if self.quiet else subprocess.PIPE, env=env, start_new_session=True)
+        proc.stderr_file = log
+        proc.stderr_tee = None if self.quiet else tee_stderr(proc, log)
         self._processes.append(proc)
         return proc
 
     def check_alive(self) -> None:
-        """Raises with the tail of its log if any process of the cluster has exited."""
+        """Raises ProcessExited if any process of the cluster has exited."""
         for proc in [self.scheduler, *self.worker_procs, *self.gateways]:
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(proc.args[2:4])} exited with code {proc.returncode}:\n"
-                                   f"{_tail(proc.stderr_file)}")
+                raise ProcessExited(proc)
 
-    def start(self, timeout_s: float = 120.0) -> "LocalCluster":
+    def start(self, timeout_s: float = 600.0) -> "LocalCluster":
+        """The scheduler and every replica, returning when all workers have joined (a first
+        start compiles the model's step: minutes on a small CPU)."""
+        started = time.monotonic()
         try:
             self.start_scheduler(self.frontend, self.worker_address, timeout_s)
             for _ in range(self.num_workers):
                 self.add_replica()
+            if self.num_workers:
+                with Client(self.address, **self.client_keys) as client:
+                    self.wait_for_workers(client, self.num_worker_processes, timeout_s)
+                    self._say(_model_line(client.model_info(), time.monotonic() - started))
         except BaseException:
             self.stop()  # nothing of a cluster that failed to start outlives the failure
             raise
@@ -130,8 +163,7 @@ class LocalCluster:
         """(Re)starts the scheduler, by default on the addresses the last one bound."""
         self.scheduler = self._popen("scheduler_svc", ["--frontend", frontend or self.address, "--worker-address",
                                                        worker_address or self.worker_address, *self.scheduler_args,
-                                                       *self._curve_args("scheduler")],
-                                     stdout=subprocess.PIPE)
+                                                       *self._curve_args("scheduler")])
         self.address, self.worker_address, self.metrics_url = self._await_ready(self.scheduler, READY,
                                                                                  timeout_s).groups()
 
@@ -139,7 +171,7 @@ class LocalCluster:
                       timeout_s: float = 120.0) -> str:
         """Starts an HTTP gateway on this cluster's scheduler; returns its base URL."""
         gateway = self._popen("gateway_svc", ["--scheduler", self.address, "--host", host, "--port", str(port),
-                                              *args, *self._curve_args("client")], stdout=subprocess.PIPE)
+                                              *args, *self._curve_args("client")])
         self.gateways.append(gateway)
         url = self._await_ready(gateway, GATEWAY_READY, timeout_s).group(1)
         self.base_url = self.base_url or url
@@ -147,20 +179,7 @@ class LocalCluster:
 
     def _await_ready(self, proc: subprocess.Popen, ready: re.Pattern, timeout_s: float) -> re.Match:
         """The ready line's match; stdout keeps being read (and echoed unless quiet) after it."""
-        found: list[re.Match] = []
-        stream, quiet = proc.stdout, self.quiet
-
-        def read() -> None:
-            for line in iter(stream.readline, b""):
-                text = line.decode(errors="replace")
-                match = ready.search(text)
-                if match and not found:
-                    found.append(match)
-                elif not quiet:
-                    print(text, end="", flush=True)
-            stream.close()
-
-        threading.Thread(target=read, daemon=True).start()
+        found = follow_stdout(proc, echo=not self.quiet, ready=ready)
         deadline = time.monotonic() + timeout_s
         while not found:
             self.check_alive()
@@ -187,13 +206,22 @@ class LocalCluster:
             args += ["--threads", str(max(1, (os.cpu_count() or 1) // num_procs))]
         proc = self._popen("worker_svc", ["--scheduler", self.worker_address, "--model", self.model, *args,
                                           *self._curve_args("worker")])
+        follow_stdout(proc, echo=not self.quiet, on_status=self._say)
         self.worker_procs.append(proc)
         return proc
 
     def stop(self, timeout_s: float = 10.0) -> None:
         stop_all(self._processes, timeout_s)
 
-    def wait_for_workers(self, client, num_workers: int, timeout_s: float = 300.0) -> None:
+    def _say(self, status: str) -> None:
+        """A line about what the cluster is doing (on stderr if announce), each said once
+        however many workers say it."""
+        if status not in self.status_lines:
+            self.status_lines.append(status)
+            if self.announce:
+                print(f"stepserve: {status}", file=sys.stderr, flush=True)
+
+    def wait_for_workers(self, client, num_workers: int, timeout_s: float = 600.0) -> None:
         """Until `num_workers` have joined, through a blocking Client; fails fast if one dies."""
         deadline = time.monotonic() + timeout_s
         while client.health().num_workers < num_workers:
@@ -215,9 +243,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tail(stderr_file, num_bytes: int = 4000) -> str:
-    if stderr_file is None:
-        return "(its log went to this terminal)"
-    stderr_file.seek(0, os.SEEK_END)
-    stderr_file.seek(max(0, stderr_file.tell() - num_bytes))
-    return stderr_file.read().decode(errors="replace")
+def _model_line(info, seconds: float) -> str:
+    step = "compiled step" if info.compiled else "eager step"
+    return f"{info.model}, {info.dtype} on {info.device}, {step}; ready in {seconds:.0f} s"

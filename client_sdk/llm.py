@@ -62,14 +62,13 @@ class LLM:
         keys_dir = os.path.dirname(os.path.abspath(server_key)) if server_key else os.environ.get(KEYS_DIR_ENV)
         self.cluster = LocalCluster(model, data_parallel_size, scheduler_args=scheduler_args, worker_args=worker_args,
                                     quiet=quiet, tensor_parallel_size=tensor_parallel_size,
-                                    curve_keys=keys_dir).start(startup_timeout_s)
+                                    curve_keys=keys_dir, announce=True).start(startup_timeout_s)
         try:
             keys = self.cluster.client_keys
             if keys:
                 keys = {"curve_server_key": server_key or keys["curve_server_key"],
                         "curve_secret_key": curve_secret_key or keys["curve_secret_key"]}
             self.client = Client(self.cluster.address, **keys)
-            self.cluster.wait_for_workers(self.client, self.cluster.num_worker_processes, startup_timeout_s)
         except BaseException:
             self.cluster.stop()
             raise

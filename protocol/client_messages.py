@@ -92,6 +92,10 @@ class ModelInfo(Message, tag=True):
     # Requests the scheduler holds at most (--max-queued-requests): the SDK's default batch window.
     max_queued_requests: int = 0
     instance_id: str = ""  # new on every scheduler start: a client can tell a restart
+    # What the workers run, from their hello: for the line a local cluster prints when it is up.
+    dtype: str = ""
+    device: str = ""
+    compiled: bool = False
 
 
 class ReplicaHealth(msgspec.Struct, array_like=True):

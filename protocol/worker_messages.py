@@ -49,6 +49,7 @@ class WorkerHello(Message, tag=True):
     # clients in ModelInfo like tokenizer_json, so a gateway on another host renders chats.
     chat_template: str | None = None
     special_tokens: dict[str, str] = {}
+    compiled: bool = False  # the model's step runs compiled (torch.compile), not op by op
 
 
 class StepResult(Message, tag=True):

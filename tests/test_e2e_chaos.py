@@ -9,7 +9,8 @@ import random
 import time
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster, _tail
+from client_sdk.launcher import LocalCluster
+from client_sdk.process_output import tail
 from protocol.client_messages import Abort, Generate, GenerateRequest
 from protocol.codec import encode
 from tests.e2e_helpers import wait_until_workers_hold_nothing
@@ -121,7 +122,7 @@ async def test_chaos_every_request_ends_once_and_nothing_leaks():
             assert (health.num_waiting, health.num_running, health.num_swapped) == (0, 0, 0)
             assert health.num_free_blocks == health.num_total_blocks
             assert health.worker_kv_blocks_in_use == 0 and health.worker_state_slots_in_use == 0
-            log = _tail(cluster.scheduler.stderr_file, 1 << 20)
+            log = tail(cluster.scheduler.stderr_file, 1 << 20)
             assert "Traceback" not in log and "step loop failed" not in log, log[-3000:]
             print(f"chaos: {len(kill_times)} workers killed (the last {done_at - kill_times[-1]:.1f} s before the end), {num_aborted} wire aborts, "
                   f"{sum(t is None for t in stream_out)} streams dropped, {NUM_VANISHING} requests of vanished "

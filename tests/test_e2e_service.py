@@ -170,3 +170,10 @@ async def test_requests_sent_before_any_worker_complete_once_one_joins(llama_fol
             outputs = await asyncio.wait_for(pending, 120)
             assert all(len(o.token_ids) == GREEDY.max_tokens for o in outputs)
             assert len({tuple(o.token_ids) for o in outputs}) == 1
+
+
+async def test_the_cluster_says_the_worker_compiles_and_what_it_runs(cluster, client):
+    assert any(line.startswith("compiling the model's step (torch.compile)") for line in cluster.status_lines)
+    assert cluster.status_lines[-1].startswith(f"{cluster.model}, float32 on cpu, compiled step; ready in ")
+    info = await client.model_info()
+    assert (info.dtype, info.device, info.compiled) == ("float32", "cpu", True)

@@ -13,11 +13,8 @@ import uuid
 
 from protocol import AuthenticationError
 from protocol.curve import connecting_keys
-from worker_svc import devices
-from worker_svc.parallel import default_group_id
-from worker_svc.runner import ModelRunner
+from worker_svc.model_config import check_servable
 from worker_svc.runner_config import add_cli_args, from_args
-from worker_svc.service import WorkerService
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,6 +44,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    check_servable(args.model)
+    # Imported after the check: torch takes seconds to import (tens on a busy machine), and a
+    # model this worker cannot serve must fail before that, with its reason.
+    from worker_svc import devices
+    from worker_svc.parallel import default_group_id
+    from worker_svc.runner import ModelRunner
+    from worker_svc.service import WorkerService
     if args.devices == "all":
         if args.tensor_parallel_size > 1:
             raise SystemExit("--devices all starts data-parallel replicas; "

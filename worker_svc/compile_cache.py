@@ -21,6 +21,10 @@ def configure(root: str | None) -> str:
     return _root
 
 
+def root() -> str:
+    return _root
+
+
 def extensions_dir() -> str:
     path = os.path.join(_root, "extensions")
     os.makedirs(path, exist_ok=True)

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 
-from worker_svc import compile_cache
+from worker_svc import compile_cache, status
 
 log = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_decode_attention.cpp")
@@ -45,6 +45,7 @@ def load() -> object | None:
         os.makedirs(build_dir, exist_ok=True)
         source = os.path.join(build_dir, os.path.basename(_SOURCE))
         if not os.path.exists(source):
+            status.say("building the C++ decode attention kernel (once per machine and CPU: about half a minute)")
             shutil.copyfile(_SOURCE, source + ".partial")
             os.replace(source + ".partial", source)
         _module = load_extension(name, [source], build_directory=build_dir,

@@ -15,6 +15,7 @@ import torch
 
 from worker_svc import presets
 from worker_svc.byte_tokenizer import byte_tokenizer_json
+from worker_svc.model_config import read_config
 from worker_svc.models import model_class
 from worker_svc.models.layers import Linear
 from worker_svc.parallel import TensorParallel
@@ -50,17 +51,13 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
         raise ValueError(f"load_format {load_format!r} not in {LOAD_FORMATS}")
     device = torch.device(device)
     chat_template, special_tokens = None, {}
+    config = read_config(model)
     if presets.is_preset(model):
-        config = presets.preset_config(model)
         tokenizer_json = byte_tokenizer_json(config["vocab_size"], presets.preset_specials(config))
         load_format = "dummy"  # presets have no weights but their seeded random ones
-    elif os.path.isdir(model):
-        with open(os.path.join(model, "config.json")) as f:
-            config = json.load(f)
+    else:
         tokenizer_json = _read_optional(os.path.join(model, "tokenizer.json"))
         chat_template, special_tokens = read_chat_template(model)
-    else:
-        raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}) nor a folder")
     cls = model_class(config)
     if tp.size > 1 and not getattr(cls, "supports_tensor_parallel", False):
         raise ValueError(f"{model}: {config.get('architectures')} does not support tensor "

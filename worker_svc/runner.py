@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import compile_cache, decode_kernel, kv_cache
+from worker_svc import compile_cache, decode_kernel, kv_cache, status
 from worker_svc.attention import build_attention_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
@@ -82,6 +82,9 @@ class ModelRunner:
                                      LogitsProcessors(self.vocab_size, self.device, self._tokenizer()),
                                      uses_blocks=self.spec.num_attention_layers > 0)
         self.executor = self._make_executor()
+        if self.executor.compiled:
+            status.say(f"compiling the model's step (torch.compile): the first start takes longer, later ones "
+                       f"reuse {compile_cache.root()} (--enforce-eager skips compiling)")
         with torch.inference_mode():
             self.warm_up_s = self.executor.warm_up(self._padding_forward)
 
@@ -243,7 +246,8 @@ class ModelRunner:
             num_state_slots=self.num_state_slots, eos_token_ids=self.loaded.eos_token_ids,
             tokenizer_json=self.loaded.tokenizer_json,
             tensor_parallel_size=self.tp.size, rank=self.tp.rank, group_id=group_id,
-            chat_template=self.loaded.chat_template, special_tokens=self.loaded.special_tokens)
+            chat_template=self.loaded.chat_template, special_tokens=self.loaded.special_tokens,
+            compiled=self.executor.compiled)
 
     def stats(self) -> dict[str, int]:
         """Field names of protocol Heartbeat: Heartbeat(worker_id=..., **runner.stats())."""

@@ -205,10 +205,8 @@ async def run_serving(args: argparse.Namespace) -> int:
     else:
         scheduler, worker = cluster_args(args)
         with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
-                          tensor_parallel_size=args.tensor_parallel_size) as cluster:
+                          tensor_parallel_size=args.tensor_parallel_size, announce=True) as cluster:
             base_url = cluster.start_gateway()
-            async with AsyncClient(cluster.address, timeout_s=60) as client:
-                await client.wait_for_workers(cluster.num_worker_processes, timeout_s=600)
             result = await measure(args, base_url, None)
     result["config"] = {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}
     print_result(result)

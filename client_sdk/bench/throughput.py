@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -60,7 +61,9 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     await client.generate_batch(warm_up, params)  # not timed; shares no prefix with the timed prompts
     before = await client.health()
     start = time.perf_counter()
-    batch = asyncio.ensure_future(client.generate_batch(prompts, params, window=args.window))
+    # A progress bar (requests done, requests/s) on a terminal only: --json output stays clean.
+    batch = asyncio.ensure_future(client.generate_batch(prompts, params, window=args.window,
+                                                        progress=sys.stderr.isatty()))
     step_timing = await sample_step_timing(client, batch)
     outputs = await batch
     elapsed = time.perf_counter() - start

@@ -12,10 +12,15 @@ _ARCHITECTURES = {
 }
 
 
-def model_class(config: dict):
+def supported_architecture(config: dict) -> str:
+    """The first of the config's architectures a model class serves (imports no torch)."""
     for arch in config.get("architectures") or []:
         if arch in _ARCHITECTURES:
-            module, name = _ARCHITECTURES[arch]
-            return getattr(importlib.import_module(module), name)
+            return arch
     raise ValueError(f"unsupported architectures {config.get('architectures')}; "
                      f"supported: {sorted(_ARCHITECTURES)}")
+
+
+def model_class(config: dict):
+    module, name = _ARCHITECTURES[supported_architecture(config)]
+    return getattr(importlib.import_module(module), name)

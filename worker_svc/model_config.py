@@ -1,0 +1,26 @@
+"""A model's config (a preset's, or a Hugging Face folder's config.json), read without torch.
+
+The worker reads it before its heavy imports, so that a model it cannot serve (an unknown
+architecture, a missing folder) fails in a second with the reason, not after torch has loaded
+(tens of seconds on a busy machine).
+"""
+import json
+import os
+
+from worker_svc import presets
+from worker_svc.models import supported_architecture
+
+
+def read_config(model: str) -> dict:
+    """model: a preset name (presets.PRESETS) or a Hugging Face model folder."""
+    if presets.is_preset(model):
+        return presets.preset_config(model)
+    if os.path.isdir(model):
+        with open(os.path.join(model, "config.json")) as f:
+            return json.load(f)
+    raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}) nor a folder")
+
+
+def check_servable(model: str) -> None:
+    """Raises ValueError, with the reason, for a model no model class serves."""
+    supported_architecture(read_config(model))
