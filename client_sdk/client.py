@@ -11,13 +11,13 @@ import itertools
 import uuid
 import weakref
 from collections import deque
-from typing import AsyncIterator, Callable, Iterable, Sequence
+from typing import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from client_sdk.batch import BatchCollector
+from client_sdk.batch import BatchCollector, PromptInFlight
 from client_sdk.chat_template import render_chat
 from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
 from client_sdk.connection import MONITORED_EVENTS, ConnectionState
@@ -42,6 +42,35 @@ SMALL_BATCH = 4096
 
 def _put_indexed(put: Callable, index: int, output: WireOutput) -> None:
     put((index, output))
+
+
+def _per_prompt(value, scalar_type: type) -> Iterator:
+    """One value for every prompt, or an iterable of one each."""
+    if value is None or isinstance(value, scalar_type):
+        return itertools.repeat(value)
+    return iter(value)
+
+
+async def _aiter_of(items: Iterable | AsyncIterable) -> AsyncIterator:
+    if hasattr(items, "__aiter__"):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
+
+
+async def _zip_inputs(prompts: Iterable | AsyncIterable, params: Iterator, priorities: Iterator,
+                      request_ids: Iterator | None) -> AsyncIterator[tuple]:
+    """(prompt, params, priority, request id) per prompt, read one at a time."""
+    index = 0
+    async for prompt in _aiter_of(prompts):
+        try:
+            item = (prompt, next(params), next(priorities), next(request_ids) if request_ids is not None else None)
+        except StopIteration:
+            raise ValueError(f"more prompts than sampling params, priorities or request ids (prompt {index})") from None
+        yield item
+        index += 1
 
 
 def _release(ctx: zmq.asyncio.Context, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
@@ -331,7 +360,8 @@ class AsyncClient:
 
     async def generate_batch(self, prompts: Sequence[Prompt],
                              params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                             window: int | None = None, progress: bool = False, priority: int = 0,
+                             window: int | None = None, progress: bool = False,
+                             priority: int | Sequence[int] = 0,
                              request_ids: Sequence[str] | None = None) -> list[RequestOutput]:
         """Outputs of any number of prompts, in input order; params: one for all, or one each.
 
@@ -342,72 +372,130 @@ class AsyncClient:
         RequestOutput.raise_for_error); the others complete as usual. Only a refused CurveZMQ
         handshake raises (AuthenticationError): then nothing can be served.
         """
-        self._ensure_reader()
+        if request_ids is not None and len(request_ids) != len(prompts):
+            raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
         params_of = params_per_prompt(params, len(prompts))
-        if any(p.stop for p in params_of):
-            await self.text_codec()  # stop strings are matched on text
-        elif any(isinstance(p, str) for p in prompts):
-            await self._text_codec()
-        codec = self._codec
-        ids = list(request_ids) if request_ids else [self._next_id() for _ in prompts]
-        if len(ids) != len(prompts):
-            raise ValueError(f"{len(ids)} request ids for {len(prompts)} prompts")
+        if window is None:
+            window = await self._default_window(sum(p.n for p in params_of))
+        outputs: list[RequestOutput | None] = [None] * len(prompts)
+        async for index, output in self.generate_iter(prompts, params_of, window=window, progress=progress,
+                                                      priority=priority, request_ids=request_ids):
+            outputs[index] = output
+        return outputs
+
+    async def generate_iter(self, prompts: Iterable[Prompt] | AsyncIterable[Prompt],
+                            params: SamplingParams | Iterable[SamplingParams] | None = None, *,
+                            window: int | None = None, progress: bool = False,
+                            priority: int | Iterable[int] = 0, request_ids: Iterable[str] | None = None
+                            ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(index, RequestOutput) for each prompt as it finishes, in the order they finish.
+
+        prompts: any iterable or async iterable, read lazily: only as many prompts as the
+        window holds are read, tokenized and in flight at once, and a prompt's state is
+        dropped when it is yielded, so memory stays flat however many there are. params and
+        priority: one for all, or an iterable of one per prompt (read alongside). window:
+        requests (choices) in flight; by default the prompts' count when it is known and at
+        most SMALL_BATCH, else SMALL_BATCH. Failed requests come back as in generate_batch.
+        Closing the iterator early aborts what is in flight.
+        """
+        if window is None:
+            window = min(len(prompts), SMALL_BATCH) if hasattr(prompts, "__len__") else SMALL_BATCH
+        items = _zip_inputs(prompts, _per_prompt(params, SamplingParams), _per_prompt(priority, int),
+                            iter(request_ids) if request_ids is not None else None)
+        async for index, output in self.generate_iter_items(
+                items, window=window, progress=progress, total=len(prompts) if hasattr(prompts, "__len__") else None):
+            yield index, output
+
+    async def generate_iter_items(self, items: Iterable[tuple] | AsyncIterable[tuple], *, window: int = SMALL_BATCH,
+                                  progress: bool = False, total: int | None = None
+                                  ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """generate_iter for items (prompt, params, priority[, request_id]) read one at a time:
+        for callers whose prompts and parameters come together (a batch file's lines)."""
+        self._ensure_reader()
+        items = _aiter_of(items)
         # The tokenizer that decodes the outputs is asked for alongside the requests, not after
         # them: by then a killed scheduler could not answer, and the batch would be lost whole.
         tokenizer_asked = None if self._model_info is not None else self._ask_soon(self._text_codec())
-        collector = BatchCollector(progress=progress, on_stop_string=self._abort_soon)
-        choice_ids = [self._choice_ids(rid, p) for rid, p in zip(ids, params_of)]
-        flat_ids = [choice_id for group in choice_ids for choice_id in group]
+        collector = BatchCollector(total, progress, on_stop_string=self._abort_soon)
+        live: dict[int, PromptInFlight] = {}
+        given = checked = None  # the same params object for many prompts in a row: checked once
+        codec_ready = False
         try:
-            self._claim(flat_ids)
-        except ValueError:
-            for rid in ids:
-                self._choice_ids_of.pop(rid, None)
-            raise
-        for group, p in zip(choice_ids, params_of):
-            for index, choice_id in enumerate(group):  # stop strings: see every step, to abort at a match
-                collector.add(choice_id, Choice(index, p, codec, incremental=bool(p.stop)))
-                self._sinks[choice_id] = collector.on_output
-        prompt_ids: list[list[int]] = [[] for _ in prompts]
-        try:
-            window = window or await self._default_window(len(flat_ids))
-            i = 0
-            while i < len(prompts):
-                await collector.wait_for_room(window)
-                room, chunk = window - collector.num_in_flight, []
-                while i < len(prompts) and (room > 0 or not chunk):
-                    prompt_ids[i] = await self._prompt_ids(prompts[i])
-                    chunk += [GenerateRequest(choice_id, prompt_ids[i], choice_params(params_of[i], index), priority,
-                                              stream=bool(params_of[i].stop))
-                              for index, choice_id in enumerate(choice_ids[i])]
-                    room -= len(choice_ids[i])
-                    i += 1
-                collector.num_sent += len(chunk)
-                await self._send_requests(chunk)
-            await collector.wait_all()
-        except BaseException:
+            exhausted = False
+            index = 0
+            while True:
+                while collector.ready:
+                    if self._connection.auth_error is not None:
+                        raise self._connection.auth_error
+                    entry = collector.ready.popleft()
+                    if not codec_ready and any(c.token_ids for c in entry.choices):
+                        await self._codec_for_outputs(tokenizer_asked)
+                        codec_ready = True
+                    del live[entry.index]
+                    self._forget(entry.request_id, entry.choice_ids)
+                    yield entry.index, self._request_output(entry)
+                chunk: list[GenerateRequest] = []
+                while not exhausted and collector.num_in_flight + len(collector.ready) < max(window, 1):
+                    item = await anext(items, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    prompt, p, prio, *request_id = item
+                    request_id = request_id[0] if request_id else None
+                    if p is not given or checked is None:
+                        given, checked = p, validated(p)
+                    entry = await self._prompt_in_flight(index, prompt, checked, request_id)
+                    collector.add(entry)
+                    live[index] = entry
+                    for choice_id in entry.choice_ids:
+                        self._sinks[choice_id] = collector.on_output
+                    p = entry.choices[0].params
+                    chunk += [GenerateRequest(choice_id, entry.prompt_ids, choice_params(p, c), prio,
+                                              stream=bool(p.stop)) for c, choice_id in enumerate(entry.choice_ids)]
+                    index += 1
+                if chunk:
+                    await self._send_requests(chunk)
+                if exhausted and not live:
+                    return
+                if not collector.ready:
+                    await collector.wait_for_change()
+        finally:
             unfinished = collector.unfinished_ids()
             if unfinished:
                 self._abort_soon(unfinished)
-            if tokenizer_asked is not None:
+            if tokenizer_asked is not None and not tokenizer_asked.done():
                 tokenizer_asked.cancel()
-            raise
-        finally:
-            for choice_id in flat_ids:
-                self._sinks.pop(choice_id, None)
-            for rid in ids:
-                self._choice_ids_of.pop(rid, None)
+            for entry in live.values():
+                self._forget(entry.request_id, entry.choice_ids)
             collector.close()
-        if self._connection.auth_error is not None:
-            raise self._connection.auth_error
-        if any(choice.token_ids for choice in collector.choices.values()):
-            await self._codec_for_outputs(tokenizer_asked)
-        for group in choice_ids:
-            for choice_id in group:
-                collector.choices[choice_id].codec = self._codec
-        return [RequestOutput(rid, prompt if isinstance(prompt, str) else None, prompt_ids[i],
-                              [collector.choices[choice_id].output() for choice_id in choice_ids[i]])
-                for i, (rid, prompt) in enumerate(zip(ids, prompts))]
+
+    async def _prompt_in_flight(self, index: int, prompt: Prompt, params: SamplingParams,
+                                request_id: str | None) -> PromptInFlight:
+        """A prompt tokenized and its choices claimed, ready to be sent."""
+        if params.stop:
+            await self.text_codec()  # stop strings are matched on text
+        prompt_ids = await self._prompt_ids(prompt)
+        request_id = request_id or self._next_id()
+        choice_ids = self._choice_ids(request_id, params)
+        try:
+            self._claim(choice_ids)
+        except ValueError:
+            self._choice_ids_of.pop(request_id, None)
+            raise
+        # stop strings: see every step, to abort at a match
+        choices = [Choice(c, params, self._codec, incremental=bool(params.stop)) for c in range(params.n)]
+        return PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,
+                              choice_ids, choices)
+
+    def _forget(self, request_id: str, choice_ids: list[str]) -> None:
+        for choice_id in choice_ids:
+            self._sinks.pop(choice_id, None)
+        self._choice_ids_of.pop(request_id, None)
+
+    def _request_output(self, entry: PromptInFlight) -> RequestOutput:
+        for choice in entry.choices:
+            choice.codec = self._codec
+        return RequestOutput(entry.request_id, entry.prompt, entry.prompt_ids, [c.output() for c in entry.choices])
 
     def _ask_soon(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

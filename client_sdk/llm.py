@@ -5,6 +5,7 @@ data_parallel_size=..., dtype=..., max_model_len=..., gpu_memory_utilization=...
 `generate(prompts, sampling_params)` with one SamplingParams or one per prompt, returning
 RequestOutput objects (`outputs[0].outputs[0].text`), and `chat(messages, sampling_params)`.
 """
+import itertools
 import os
 import random
 import warnings
@@ -74,18 +75,37 @@ class LLM:
             raise
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool = True, window: int | None = None, params: SamplingParams | None = None
-                 ) -> list[RequestOutput]:
-        """prompts: a string, token ids, {"prompt": ...} / {"prompt_token_ids": ...}, or a list
-        of those; one RequestOutput per prompt, in order. params: the old name of sampling_params."""
+                 use_tqdm: bool = True, window: int | None = None, priority: int | list[int] = 0,
+                 params: SamplingParams | None = None) -> list[RequestOutput]:
+        """prompts: a string, token ids, {"prompt": ...} / {"prompt_token_ids": ...}, or any
+        iterable of those (read lazily); one RequestOutput per prompt, in order. priority: one
+        for all or one per prompt (vLLM's convention: lower is served first, under the
+        scheduler's priority policy). params: the old name of sampling_params."""
         if params is not None:
             warnings.warn("generate(params=...) is deprecated: use sampling_params (vLLM's name)",
                           DeprecationWarning, stacklevel=2)
             sampling_params = params
-        single = isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int))
-        prompts = [_prompt_of(p) for p in ([prompts] if single else prompts)]
-        return self.client.generate_batch(prompts, self._seeded(sampling_params, len(prompts)), progress=use_tqdm,
-                                          window=window)
+        if _is_one_prompt(prompts):
+            prompts = [prompts]
+        if isinstance(prompts, (list, tuple)):
+            return self.client.generate_batch([_prompt_of(p) for p in prompts],
+                                              self._seeded(sampling_params, len(prompts)), progress=use_tqdm,
+                                              window=window, priority=priority)
+        outputs: list[RequestOutput] = []
+        for index, output in self.generate_iter(prompts, sampling_params, use_tqdm=use_tqdm, window=window,
+                                                priority=priority):
+            outputs += [None] * (index + 1 - len(outputs))
+            outputs[index] = output
+        return outputs
+
+    def generate_iter(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                      use_tqdm: bool = False, window: int | None = None, priority: int | list[int] = 0):
+        """(index, RequestOutput) for each prompt as it finishes; prompts: any iterable, read
+        lazily, with at most `window` requests in flight (see AsyncClient.generate_iter)."""
+        if _is_one_prompt(prompts):
+            prompts = [prompts]
+        return self.client.generate_iter(map(_prompt_of, prompts), self._seeded_iter(sampling_params),
+                                         progress=use_tqdm, window=window, priority=priority)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, *, use_tqdm: bool = True,
@@ -102,6 +122,13 @@ class LLM:
     def get_tokenizer(self):
         """The model's `tokenizers.Tokenizer`."""
         return self.client.text_codec().tokenizer
+
+    def _seeded_iter(self, params):
+        """_seeded for prompts of unknown number: one params each, drawn as they are read."""
+        if self._seeds is None:
+            return params
+        each = iter(params) if isinstance(params, (list, tuple)) else itertools.repeat(params)
+        return (self._seeded(p, 1)[0] for p in each)
 
     def _seeded(self, params, num_prompts: int):
         """With LLM(seed=...): a seed of its own for each request that has none."""
@@ -120,6 +147,11 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_one_prompt(prompts) -> bool:
+    return isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
+                                                 and isinstance(prompts[0], int))
 
 
 def _prompt_of(prompt):

@@ -4,7 +4,7 @@ import threading
 from typing import Iterator
 
 from client_sdk.client import AsyncClient
-from client_sdk.outputs import StreamDelta
+from client_sdk.outputs import RequestOutput, StreamDelta
 
 
 class Client:
@@ -31,8 +31,15 @@ class Client:
     def generate_batch(self, prompts, params=None, **kwargs):
         return self._call(self._async.generate_batch(prompts, params, **kwargs))
 
+    def generate_iter(self, prompts, params=None, **kwargs) -> Iterator[tuple[int, RequestOutput]]:
+        """(index, RequestOutput) as each prompt finishes; prompts (any iterable) are read lazily
+        on the client's thread."""
+        return self._blocking(self._async.generate_iter(prompts, params, **kwargs))
+
     def stream(self, prompt, params=None, **kwargs) -> Iterator[StreamDelta]:
-        agen = self._async.stream(prompt, params, **kwargs)
+        return self._blocking(self._async.stream(prompt, params, **kwargs))
+
+    def _blocking(self, agen):
         try:
             while True:
                 try:
