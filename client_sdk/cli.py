@@ -1,5 +1,5 @@
-"""The `stepserve` command: `up`, `serve`, `generate`, `health`, `keys generate`, `bench throughput`,
-`bench serve`."""
+"""The `stepserve` command: `up`, `serve`, `generate`, `run-batch`, `health`, `keys generate`,
+`bench throughput`, `bench serve`."""
 import argparse
 import asyncio
 import signal
@@ -8,9 +8,11 @@ import sys
 import threading
 
 from client_sdk import __version__
+from client_sdk.batch import DEFAULT_BATCH_WINDOW
 from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
 from client_sdk.launcher import LocalCluster, MissingExtra, ProcessExited
 from client_sdk.sync_client import Client
+from protocol.client_messages import BATCH_PRIORITY
 from protocol.curve import generate_keys
 from protocol.sampling import SamplingParams
 
@@ -108,6 +110,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_batch(args: argparse.Namespace) -> int:
+    try:
+        from gateway_svc.run_batch import main as run_batch
+    except ModuleNotFoundError as e:  # a client-only install
+        raise MissingExtra(f"stepserve run-batch reads requests as the HTTP gateway does, which needs {e.name}: "
+                           "pip install 'stepserve[server]'") from None
+    return run_batch(args)
+
+
 def add_worker_address_flag(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--worker-address", default=default, help="the scheduler's address for its workers")
     p.add_argument("--workers-address", dest="deprecated_workers_address", default=None, help=argparse.SUPPRESS)
@@ -161,6 +172,23 @@ def main(argv=None) -> int:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--stream", action="store_true")
     gen.set_defaults(func=cmd_generate)
+
+    run_batch = sub.add_parser("run-batch", help="an OpenAI batch file (.jsonl) run to its output file, "
+                                                 "like `vllm run-batch`; resumable")
+    add_cluster_flags(run_batch)
+    run_batch.add_argument("-i", "--input-file", required=True, help="OpenAI batch input (.jsonl, or .jsonl.gz)")
+    run_batch.add_argument("-o", "--output-file", required=True,
+                           help="where output lines are appended (.gz: compressed)")
+    run_batch.add_argument("--resume", action="store_true",
+                           help="keep the output file's lines and run only the input lines it lacks")
+    run_batch.add_argument("--window", type=int, default=DEFAULT_BATCH_WINDOW, help="requests in flight at most")
+    run_batch.add_argument("--priority", type=int, default=BATCH_PRIORITY,
+                           help="the least priority value of the batch's requests (lower is served first; "
+                                "interactive requests have 0)")
+    run_batch.add_argument("--address", default=None,
+                           help="a running scheduler's frontend; else start a local cluster")
+    run_batch.add_argument("--served-model-name", default=None, help="the model's name in requests and responses")
+    run_batch.set_defaults(func=cmd_run_batch)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

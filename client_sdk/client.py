@@ -258,6 +258,23 @@ class AsyncClient:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _claim_choices(self, request_id: str | None, params: SamplingParams) -> tuple[str, list[str]]:
+        """The request's id (a new one when None) and its choices' ids, claimed on this client
+        (_forget releases them)."""
+        request_id = request_id or self._next_id()
+        choice_ids = self._choice_ids(request_id, params)
+        try:
+            self._claim(choice_ids)
+        except ValueError:
+            self._choice_ids_of.pop(request_id, None)
+            raise
+        return request_id, choice_ids
+
+    def _forget(self, request_id: str, choice_ids: list[str]) -> None:
+        for choice_id in choice_ids:
+            self._sinks.pop(choice_id, None)
+        self._choice_ids_of.pop(request_id, None)
+
     def _choice_ids(self, request_id: str, params: SamplingParams) -> list[str]:
         """The scheduler's request ids of the n choices: the id itself when n is 1."""
         if params.n == 1:
@@ -313,13 +330,7 @@ class AsyncClient:
         params = validated(params)
         prompt_ids = await self._prompt_ids(prompt)
         codec = await (self.text_codec() if params.stop else self._text_codec())
-        request_id = request_id or self._next_id()
-        choice_ids = self._choice_ids(request_id, params)
-        try:
-            self._claim(choice_ids)
-        except ValueError:
-            self._choice_ids_of.pop(request_id, None)
-            raise
+        request_id, choice_ids = self._claim_choices(request_id, params)
         queue: asyncio.Queue[tuple[int, WireOutput]] = asyncio.Queue()
         choices = [Choice(index, params, codec, incremental=True) for index in range(params.n)]
         for index, choice_id in enumerate(choice_ids):
@@ -344,9 +355,7 @@ class AsyncClient:
                 yield StreamDelta(request_id, new_ids, text, choice.finish_reason, output.num_prompt_tokens,
                                   new_logprobs, index, choice.stop_reason)
         finally:
-            for choice_id in choice_ids:
-                self._sinks.pop(choice_id, None)
-            self._choice_ids_of.pop(request_id, None)
+            self._forget(request_id, choice_ids)
             unfinished = [choice_ids[c.index] for c in choices if not c.finished]
             if unfinished:  # the caller stopped listening (or one choice failed): free the rest
                 self._abort_soon(unfinished)
@@ -475,22 +484,11 @@ class AsyncClient:
         if params.stop:
             await self.text_codec()  # stop strings are matched on text
         prompt_ids = await self._prompt_ids(prompt)
-        request_id = request_id or self._next_id()
-        choice_ids = self._choice_ids(request_id, params)
-        try:
-            self._claim(choice_ids)
-        except ValueError:
-            self._choice_ids_of.pop(request_id, None)
-            raise
+        request_id, choice_ids = self._claim_choices(request_id, params)
         # stop strings: see every step, to abort at a match
         choices = [Choice(c, params, self._codec, incremental=bool(params.stop)) for c in range(params.n)]
         return PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,
                               choice_ids, choices)
-
-    def _forget(self, request_id: str, choice_ids: list[str]) -> None:
-        for choice_id in choice_ids:
-            self._sinks.pop(choice_id, None)
-        self._choice_ids_of.pop(request_id, None)
 
     def _request_output(self, entry: PromptInFlight) -> RequestOutput:
         for choice in entry.choices:

@@ -55,7 +55,14 @@ class ChatFormatter(Formatter):
 
 
 async def create_chat_completion(request: Request, upstream: Upstream):
-    req = decode_body(await request.body(), ChatCompletionRequest)
+    job, formatter = await chat_completion_job(await request.body(), upstream)
+    return await serve(request, upstream, job, formatter)
+
+
+async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, ChatFormatter]:
+    """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
+    a batch line (gateway_svc.batch_lines) both run it."""
+    req = decode_body(body, ChatCompletionRequest)
     info = await upstream.check_model(req.model)
     refuse_unsupported(req)
     if not req.messages:
@@ -79,4 +86,4 @@ async def create_chat_completion(request: Request, upstream: Upstream):
     params = sampling_params(req, max_tokens_for(info, len(ids), max_tokens), num_logprobs)
     job = Job(new_id("chatcmpl"), upstream.name_of(info), [ids], [params], req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
-    return await serve(request, upstream, job, ChatFormatter(req, codec))
+    return job, ChatFormatter(req, codec)

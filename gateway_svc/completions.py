@@ -65,7 +65,14 @@ class CompletionFormatter(Formatter):
 
 
 async def create_completion(request: Request, upstream: Upstream):
-    req = decode_body(await request.body(), CompletionRequest)
+    job, formatter = await completion_job(await request.body(), upstream)
+    return await serve(request, upstream, job, formatter)
+
+
+async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, CompletionFormatter]:
+    """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
+    a batch line (gateway_svc.batch_lines) both run it."""
+    req = decode_body(body, CompletionRequest)
     info = await upstream.check_model(req.model)
     refuse_unsupported(req)
     prompts = prompt_list(req.prompt)
@@ -80,4 +87,4 @@ async def create_completion(request: Request, upstream: Upstream):
         raise bad_request("stop strings need the model's tokenizer", "no_tokenizer", param="stop")
     job = Job(new_id("cmpl"), upstream.name_of(info), ids, params, req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
-    return await serve(request, upstream, job, CompletionFormatter(req, codec))
+    return job, CompletionFormatter(req, codec)

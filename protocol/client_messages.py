@@ -20,11 +20,16 @@ class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
 
 # ---- client -> scheduler -------------------------------------------------------------
 
+BATCH_PRIORITY = 1  # run-batch's default and the Batch API's floor: served after interactive requests
+
+
 class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
     request_id: RequestId
     prompt_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
     params: SamplingParams
-    # Higher runs first when the scheduler's priority policy is on; ties in arrival order.
+    # vLLM's convention: lower runs first when the scheduler's priority policy is on (and may
+    # preempt a running request of a higher value); ties in arrival order. Interactive
+    # requests have 0, batch jobs BATCH_PRIORITY.
     priority: int = 0
     # Stream: an output every step. Otherwise one output, when the request finishes.
     stream: bool = False
