@@ -17,6 +17,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
+    p.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
+                   help="priority: lower priority values first; batch jobs yield to interactive requests")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run the model op by op instead of the compiled step (faster start-up)")
     p.add_argument("--compile-cache-dir", default=None,
@@ -33,7 +35,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 # Which process takes each option of a local cluster: the flag is the option's name with dashes.
 # Options left None take that process's own default; booleans become --name / --no-name.
-_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "preemption",
+_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "preemption", "scheduling_policy",
                       "enable_prefix_caching", "async_scheduling")
 _WORKER_OPTIONS = ("dtype", "load_format", "kv_cache_gb", "max_model_len", "gpu_memory_utilization",
                    "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir")

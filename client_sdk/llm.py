@@ -41,7 +41,7 @@ class LLM:
                  load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool | None = None, async_scheduling: bool | None = None,
-                 enforce_eager: bool | None = None,
+                 scheduling_policy: str | None = None, enforce_eager: bool | None = None,
                  compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
                  curve_server_key: str | None = None, curve_secret_key: str | None = None):
@@ -55,7 +55,7 @@ class LLM:
             block_size=block_size, enforce_eager=enforce_eager, compile_cache_dir=compile_cache_dir,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             preemption="swap" if swap_space else None, enable_prefix_caching=enable_prefix_caching,
-            async_scheduling=async_scheduling)
+            async_scheduling=async_scheduling, scheduling_policy=scheduling_policy)
         scheduler_args = own_scheduler_args + list(scheduler_args)
         worker_args = own_worker_args + list(worker_args)
         self._seeds = random.Random(seed) if seed is not None else None

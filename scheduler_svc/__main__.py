@@ -25,7 +25,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
-    p.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--scheduling-policy", "--policy", dest="policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="priority: lower priority values first, ties by arrival, and a waiting request may "
+                        "preempt a running one of a higher value (vLLM's --scheduling-policy)")
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV of common prompt prefixes (attention models; off for state models)")

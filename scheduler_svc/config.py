@@ -13,7 +13,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # tokens computed in one step, prefill and decode together
     block_size: int = 16  # tokens per KV block; must equal the worker's
     preemption_mode: str = "recompute"  # "recompute" or "swap"; Mamba state models always recompute
-    policy: str = "fcfs"  # "fcfs" or "priority" (higher priority admitted first, ties by arrival)
+    policy: str = "fcfs"  # "fcfs" or "priority" (lower priority value first, may preempt; ties by arrival)
     enable_chunked_prefill: bool = True
     # Share the KV of full blocks whose tokens (and all before them) equal a cached block's.
     # Attention models only: the core turns it off where the worker holds Mamba state slots.

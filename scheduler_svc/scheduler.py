@@ -186,6 +186,8 @@ class Scheduler:
         """The next plan, or None when there is nothing to run and nothing to tell the worker."""
         assert len(self._inflight) < 2, "two plans in flight: update() the oldest first"
         batch = _Batch(self.config.max_num_batched_tokens)
+        if self.config.policy == "priority":
+            self._preempt_for_waiting(batch)
         self._schedule_running(batch)
         # Preemption means memory is short: admit nothing more this step. It also keeps CPU
         # blocks freed by a swap-in from being reused by a swap-out of the same plan.
@@ -244,6 +246,30 @@ class Scheduler:
                 request.request_id, request.block_ids[request.num_blocks_sent:], num_new))
             request.num_blocks_sent = len(request.block_ids)
             i += 1
+
+    def _preempt_for_waiting(self, batch: _Batch) -> None:
+        """vLLM's priority scheduling: a waiting request with a lower priority value than the
+        least urgent running one, which finds no seat or no blocks beside it, takes its place;
+        the running one is preempted (and, as after any preemption, nothing is admitted in this
+        plan: the waiting one enters in the next). O(running log running), and only when the
+        head of the queue outranks someone running."""
+        head = self._waiting.peek()
+        if head is None or not self._running:
+            return
+        victims: list[Request] | None = None
+        block_manager = self.block_manager
+        while True:
+            if len(self._running) < self.max_num_running:
+                prefix = block_manager.find_cached_prefix(head)
+                num_tokens = prefix.num_computed_tokens + min(head.num_tokens - prefix.num_computed_tokens,
+                                                              self.config.max_num_batched_tokens)
+                if block_manager.can_admit(head, prefix, num_tokens):
+                    return
+            if victims is None:
+                victims = sorted(self._running.values(), key=_priority_key)
+            if not victims or victims[-1].priority <= head.priority:
+                return
+            self._preempt(victims.pop(), batch)
 
     def _preempt(self, request: Request, batch: _Batch) -> None:
         del self._running[request.request_id]
@@ -417,4 +443,4 @@ class Scheduler:
 
 
 def _priority_key(request: Request) -> tuple[int, int]:
-    return (-request.priority, request.arrival)
+    return (request.priority, request.arrival)

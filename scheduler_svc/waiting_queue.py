@@ -59,7 +59,8 @@ class FcfsQueue:
 
 
 class PriorityQueue:
-    """Higher `priority` first; ties in arrival order (request.arrival, set by the scheduler)."""
+    """Lower `priority` value first (vLLM's convention); ties in arrival order (request.arrival,
+    set by the scheduler)."""
 
     def __init__(self):
         self._heap: list[tuple[int, int, Request]] = []
@@ -69,7 +70,7 @@ class PriorityQueue:
         return len(self._heap) - self._num_dead
 
     def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (-request.priority, request.arrival, request))
+        heapq.heappush(self._heap, (request.priority, request.arrival, request))
 
     # A preempted request keeps its key: it arrived early, so it sorts ahead of later equals.
     push_front = push

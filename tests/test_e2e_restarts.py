@@ -113,14 +113,14 @@ async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_th
 
             async def timed_stream(prompt) -> tuple[list[int], float]:
                 tokens, last, longest_gap = [], time.monotonic(), 0.0
-                async for delta in client.stream(prompt, LONG, priority=1):
+                async for delta in client.stream(prompt, LONG, priority=0):
                     now = time.monotonic()
                     longest_gap, last = max(longest_gap, now - last), now
                     tokens += delta.token_ids
                 return tokens, longest_gap
 
             streams = [asyncio.ensure_future(timed_stream(p)) for p in stream_prompts]
-            batches = [asyncio.ensure_future(client.generate_batch(prompts[i::3], SHORT, priority=i % 2))
+            batches = [asyncio.ensure_future(client.generate_batch(prompts[i::3], SHORT, priority=1 + i % 2))
                        for i in range(3)]
             finished_at_start = (await client.health()).num_finished
             while (await client.health()).num_finished < finished_at_start + 200:

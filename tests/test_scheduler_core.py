@@ -307,11 +307,28 @@ def test_state_slots_bound_running_and_force_recompute():
     assert scheduler.num_free_state_slots == 1
 
 
-def test_priority_policy_admits_higher_first_ties_by_arrival():
+def test_priority_policy_admits_lower_values_first_ties_by_arrival():
+    # vLLM's convention: a lower value is served first.
     scheduler = make_scheduler(policy="priority", max_num_seqs=3)
-    for name, priority in [("low", 0), ("high1", 5), ("mid", 1), ("high2", 5)]:
+    for name, priority in [("low", 5), ("high1", 0), ("mid", 1), ("high2", 0)]:
         scheduler.add_request(make_request(name, priority=priority))
     assert [r.request_id for r in scheduler.schedule().new_requests] == ["high1", "high2", "mid"]
+
+
+def test_priority_policy_preempts_a_running_batch_request_for_a_more_urgent_one():
+    scheduler, worker = make_scheduler(policy="priority", max_num_seqs=2), FakeWorker(4)
+    for name in ("batch1", "batch2"):
+        scheduler.add_request(make_request(name, priority=1, max_tokens=50, ignore_eos=True))
+    step(scheduler, worker)
+    scheduler.add_request(make_request("interactive", priority=0, max_tokens=3, ignore_eos=True))
+    plan, _ = step(scheduler, worker)  # no seat: the newest batch request makes room
+    assert plan.preempted_ids == ["batch2"] and not plan.new_requests
+    plan, _ = step(scheduler, worker)
+    assert [r.request_id for r in plan.new_requests] == ["interactive"]
+    scheduler.add_request(make_request("same", priority=1, max_tokens=3))
+    plan, _ = step(scheduler, worker)  # an equal priority never preempts
+    assert not plan.preempted_ids and not plan.new_requests
+    run_until_idle(scheduler, worker)
 
 
 def test_take_unfinished_returns_all_live_requests_reset_in_rerun_order():
