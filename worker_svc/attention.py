@@ -15,10 +15,22 @@ where each part lies:
   mask that is causal in absolute positions (a later chunk sees the earlier chunks' KV);
 - padding tokens write their K/V to a scratch slot no request owns, and get zeros.
 
-Models call `attention(q, k, v, layer_index, scale)`, a custom op: a compiled graph calls it as
-one opaque op, and it reads the step's metadata and the layer's cache from the forward context.
+Models call `attention(q, k, v, layer_index, scale, sliding_window, softcap)`, a custom op: a
+compiled graph calls it as one opaque op, and it reads the step's metadata and the layer's cache
+from the forward context. The options are a layer's own, constants of the graph:
+- scale: the query scale (head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5);
+- sliding_window W (None: global): each query attends its last W positions, itself included
+  (transformers' sliding mask, key > query - W): Mistral's sliding_window, Gemma's local layers;
+- softcap c (None: off): scores become c * tanh(score / c) before the softmax (Gemma 2).
+Both paths honour them: the C++ decode kernel walks only the window's keys, prefill masks them.
+
+Blocks wholly behind every layer's window are NOT freed early: a sequence keeps all its blocks
+until it finishes or is preempted. The scheduler (torch-free) owns the block tables and knows no
+windows; freeing would need it to learn each model's per-layer windows, and a model with any
+global layer (Gemma) could free nothing anyway. Keeping them is the simple exact choice; the
+decode kernel still skips them, so a windowed layer's decode cost is bounded by its window.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -39,7 +51,26 @@ class PrefillMetadata:
     # Read K/V from the cache when some prefill resumes (computed tokens > 0); None: attend
     # causally to this step's own K/V.
     block_tables: torch.Tensor | None  # [num_seqs, max_blocks]
-    mask: torch.Tensor | None  # [num_seqs, 1, Q, max_blocks * block_size] bool, True = attend
+    # Absolute position of each row of the padded query layout: [num_seqs, Q] when reading the
+    # cache, [1, Q] (0 .. Q - 1, the same for every sequence) over this step's own K/V.
+    query_positions: torch.Tensor
+    num_keys: int  # keys each sequence's row of K/V holds: max_blocks * block_size, or Q
+    _masks: dict = field(default_factory=dict)  # sliding_window -> mask, built once per step
+
+    def mask(self, sliding_window: int | None) -> torch.Tensor | None:
+        """[B or 1, 1, Q, num_keys] bool, True = attend: causal in absolute positions, within the
+        window if any; None where SDPA's own causal mask says it (this step's K/V, no window).
+        Built on the first layer that asks, shared by the step's other layers."""
+        if sliding_window is None and self.block_tables is None:
+            return None
+        if sliding_window not in self._masks:
+            query_pos = self.query_positions[:, :, None]  # [B, Q, 1]
+            key_pos = torch.arange(self.num_keys, device=query_pos.device)
+            allowed = key_pos <= query_pos
+            if sliding_window is not None:
+                allowed &= key_pos > query_pos - sliding_window
+            self._masks[sliding_window] = allowed[:, None]
+        return self._masks[sliding_window]
 
 
 @dataclass
@@ -84,14 +115,14 @@ def _prefill_metadata(query_lens, num_computed, block_tables, start, block_size,
         seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
         offset_in_seq = np.arange(num_tokens) - starts[seq_of_token]
         pad_index = tensor(seq_of_token * max_query_len + offset_in_seq)
-    tables = mask = None
     if num_computed.any():
         max_blocks = num_blocks_for_tokens(int((num_computed + query_lens).max()), block_size)
         tables = tensor(block_tables[:, :max_blocks])
-        query_pos = num_computed[:, None] + np.arange(max_query_len)  # [B, Q]
-        key_pos = np.arange(max_blocks * block_size)
-        mask = tensor(key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # [B, 1, Q, K]
-    return PrefillMetadata(start, num_tokens, num_seqs, max_query_len, pad_index, tables, mask)
+        query_pos, num_keys = num_computed[:, None] + np.arange(max_query_len), max_blocks * block_size
+    else:
+        tables, query_pos, num_keys = None, np.arange(max_query_len)[None, :], max_query_len
+    return PrefillMetadata(start, num_tokens, num_seqs, max_query_len, pad_index, tables,
+                           tensor(query_pos), num_keys)
 
 
 def write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -102,7 +133,8 @@ def write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D] (this step's tokens) -> out [T, H * D].
 
     The new K/V are written first, so decodes and resumed prefills read their whole context
@@ -113,44 +145,61 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     out[meta.num_tokens:] = 0  # padding
     num_decode = meta.num_decode_tokens
     if num_decode:
-        _decode(out[:num_decode], q[:num_decode], kv_cache, meta, scale)
+        _decode(out[:num_decode], q[:num_decode], kv_cache, meta, scale, sliding_window, softcap)
     prefill = meta.prefill
     if prefill is not None:
         span = slice(prefill.start, prefill.start + prefill.num_tokens)
-        out[span] = _prefill(q[span], k[span], v[span], kv_cache, prefill, scale)
+        out[span] = _prefill(q[span], k[span], v[span], kv_cache, prefill, scale, sliding_window, softcap)
     return out.view(num_tokens, num_heads * head_dim)
 
 
-def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float) -> None:
+def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: int | None,
+            softcap: float | None) -> None:
     kernel = decode_kernel.load() if q.device.type == "cpu" else None
     if kernel is not None:
         q = q if q.stride(-1) == 1 else q.contiguous()
         kernel.paged_decode_attention(out, q, kv_cache[0], kv_cache[1], meta.decode_block_tables,
-                                      meta.decode_context_lens, scale)
+                                      meta.decode_context_lens, scale, sliding_window or 0, softcap or 0.0)
         return
-    num_seqs, num_heads, head_dim = q.shape
     keys, values = _gather_kv(kv_cache, meta.decode_block_tables)  # [B, Hkv, K, D]
     key_pos = torch.arange(keys.shape[2], device=q.device)
-    mask = (key_pos[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]  # [B, 1, 1, K]
-    out.copy_(F.scaled_dot_product_attention(
-        q[:, :, None, :], keys, values, attn_mask=mask, scale=scale,
-        enable_gqa=num_heads != keys.shape[1])[:, :, 0, :])
+    context_lens = meta.decode_context_lens[:, None]
+    mask = key_pos[None, :] < context_lens  # [B, K]
+    if sliding_window is not None:
+        mask &= key_pos[None, :] >= context_lens - sliding_window
+    out.copy_(_attend(q[:, :, None, :], keys, values, mask[:, None, None, :], scale, softcap)[:, :, 0, :])
 
 
-def _prefill(q, k, v, kv_cache, meta: PrefillMetadata, scale: float) -> torch.Tensor:
+def _prefill(q, k, v, kv_cache, meta: PrefillMetadata, scale: float, sliding_window: int | None,
+             softcap: float | None) -> torch.Tensor:
     num_heads, head_dim = q.shape[1:]
     num_seqs, max_query_len = meta.num_seqs, meta.max_query_len
     q_padded = _pad(q, meta)  # [B, H, Q, D]
     if meta.block_tables is None:
-        keys, values, mask = _pad(k, meta), _pad(v, meta), None
+        keys, values = _pad(k, meta), _pad(v, meta)
     else:
         keys, values = _gather_kv(kv_cache, meta.block_tables)
-        mask = meta.mask
-    out = F.scaled_dot_product_attention(  # [B, H, Q, D]
-        q_padded, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale,
-        enable_gqa=num_heads != keys.shape[1])
+    out = _attend(q_padded, keys, values, meta.mask(sliding_window), scale, softcap)  # [B, H, Q, D]
     out = out.transpose(1, 2).reshape(num_seqs * max_query_len, num_heads, head_dim)
     return out if meta.pad_index is None else out[meta.pad_index]
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+            scale: float, softcap: float | None) -> torch.Tensor:
+    """q [B, H, Q, D] over keys/values [B, Hkv, K, D] -> [B, H, Q, D]; mask broadcasts to
+    [B, 1, Q, K] (True = attend), None: causal. SDPA has no soft-capping, so a capped layer
+    computes the scores itself, as transformers' eager attention does (softmax in float32)."""
+    num_heads, num_kv_heads = q.shape[1], keys.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                              scale=scale, enable_gqa=num_heads != num_kv_heads)
+    group = num_heads // num_kv_heads
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = torch.tanh(q @ keys.transpose(-1, -2) * (scale / softcap)) * softcap  # [B, H, Q, K]
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
 
 
 def _pad(x: torch.Tensor, meta: PrefillMetadata) -> torch.Tensor:
@@ -175,15 +224,17 @@ def _gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor):
 
 
 @torch.library.custom_op("stepserve::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_index: int,
-              scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_index: int, scale: float,
+              sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]; writes this step's K/V into the layer's
     cache (the forward context's caches.kv[layer_index]), which the op owns: no other op reads
-    or writes it, so the compiler may treat the op as pure."""
+    or writes it, so the compiler may treat the op as pure. sliding_window, softcap: the
+    layer's options (module docstring)."""
     context = get_forward_context()
-    return paged_attention(q, k, v, context.caches.kv[layer_index], context.attn_metadata, scale)
+    return paged_attention(q, k, v, context.caches.kv[layer_index], context.attn_metadata, scale,
+                           sliding_window, softcap)
 
 
 @attention.register_fake
-def _(q, k, v, layer_index, scale):
+def _(q, k, v, layer_index, scale, sliding_window=None, softcap=None):
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))

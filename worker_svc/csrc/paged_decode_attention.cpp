@@ -8,6 +8,11 @@
 // contiguous; block_tables [T, MB] int64 (row t: the blocks of token t's sequence);
 // context_lens [T] int64 (keys 0 .. context_len - 1 are attended); out [T, H, D] contiguous,
 // written in place (a slice of the layer's output, so no copy follows).
+//
+// Options of the same kernel (0 turns each off): sliding_window W attends only the last W keys
+// (context_len - W .. context_len - 1, the query's own key included, as transformers' sliding
+// mask `kv > q - W`), so a windowed layer's cost stops growing with the context;
+// softcap c maps each scaled score s to c * tanh(s / c) before the softmax (Gemma 2).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -41,7 +46,8 @@ template <typename scalar_t>
 void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
                                  const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                  const torch::Tensor& block_tables,
-                                 const torch::Tensor& context_lens, double scale) {
+                                 const torch::Tensor& context_lens, double scale,
+                                 int64_t sliding_window, double softcap) {
   const int64_t num_tokens = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;  // query heads per KV head (GQA)
@@ -55,6 +61,7 @@ void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const float fscale = static_cast<float>(scale);
+  const float fsoftcap = static_cast<float>(softcap);
 
   // One work item per token, all heads together: a slot's K (or V) row holds every KV head
   // side by side, so walking the slots in order streams each block from memory once.
@@ -68,14 +75,15 @@ void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < num_tokens; ++t) {
       const int64_t len = lens[t];
+      const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
       const int64_t* table = tables + t * max_blocks;
-      scores.resize(len * num_heads);
+      scores.resize((len - first) * num_heads);
       for (int64_t head = 0; head < num_heads; ++head) {
         const scalar_t* src = q_ptr + t * q_token_stride + head * q_head_stride;
         for (int64_t d = 0; d < head_dim; ++d) query[head * head_dim + d] = static_cast<float>(src[d]) * fscale;
       }
       std::fill(max_score.begin(), max_score.end(), -INFINITY);
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = first; j < len; ++j) {
         const int64_t offset = table[j / block_size] * kv_block_stride + (j % block_size) * kv_slot_stride;
         const float* keys = as_float(k_ptr + offset, row.data(), row_len);
         for (int64_t head = 0; head < num_heads; ++head) {
@@ -84,17 +92,18 @@ void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
           float s = 0.f;
 #pragma omp simd reduction(+ : s)
           for (int64_t d = 0; d < head_dim; ++d) s += qh[d] * key[d];
-          scores[j * num_heads + head] = s;
+          if (fsoftcap > 0.f) s = fsoftcap * std::tanh(s / fsoftcap);
+          scores[(j - first) * num_heads + head] = s;
           max_score[head] = std::max(max_score[head], s);
         }
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(sum.begin(), sum.end(), 0.f);
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = first; j < len; ++j) {
         const int64_t offset = table[j / block_size] * kv_block_stride + (j % block_size) * kv_slot_stride;
         const float* values = as_float(v_ptr + offset, row.data(), row_len);
         for (int64_t head = 0; head < num_heads; ++head) {
-          const float p = std::exp(scores[j * num_heads + head] - max_score[head]);
+          const float p = std::exp(scores[(j - first) * num_heads + head] - max_score[head]);
           sum[head] += p;
           float* ah = acc.data() + head * head_dim;
           const float* value = values + (head / group) * head_dim;
@@ -113,7 +122,8 @@ void paged_decode_attention_impl(torch::Tensor& out, const torch::Tensor& q,
 
 void paged_decode_attention(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                                     const torch::Tensor& context_lens, double scale) {
+                                     const torch::Tensor& context_lens, double scale,
+                                 int64_t sliding_window, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, H, D] with D contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
@@ -123,7 +133,8 @@ void paged_decode_attention(torch::Tensor& out, const torch::Tensor& q, const to
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
               "out must be a contiguous tensor shaped and typed like q");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
-    paged_decode_attention_impl<scalar_t>(out, q, k_cache, v_cache, block_tables, context_lens, scale);
+    paged_decode_attention_impl<scalar_t>(out, q, k_cache, v_cache, block_tables, context_lens, scale,
+                                          sliding_window, softcap);
   });
 }
 
@@ -131,5 +142,8 @@ void paged_decode_attention(torch::Tensor& out, const torch::Tensor& q, const to
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention over paged KV blocks, cost per sequence = its context length");
+        "decode attention over paged KV blocks, cost per sequence = its context length (or window)",
+        pybind11::arg("out"), pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+        pybind11::arg("block_tables"), pybind11::arg("context_lens"), pybind11::arg("scale"),
+        pybind11::arg("sliding_window") = 0, pybind11::arg("softcap") = 0.0);
 }
