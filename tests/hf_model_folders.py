@@ -68,6 +68,83 @@ def make_qwen3_folder(path: str, seed: int = 0, **overrides) -> str:
     return _save(model, path, LLAMA_SPECIALS)
 
 
+def make_mistral_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Mistral with an 8-token sliding window (shorter than the tests' prompts plus outputs)
+    and grouped-query attention (4 heads over 2 KV heads)."""
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(seed)
+    config = _llama_defaults(num_key_value_heads=2, sliding_window=8)
+    config.update(overrides)
+    model = MistralForCausalLM(MistralConfig(**config)).float().eval()
+    _sharpen_attention(model)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
+def _gemma_defaults(**overrides) -> dict:
+    """Gemma's options all in play: grouped-query attention, head_dim (32) not hidden / heads,
+    query_pre_attn_scalar (24) not head_dim, an 8-token window on the first layer, a global
+    second layer."""
+    return _llama_defaults(num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True,
+                           **overrides)
+
+
+def make_gemma2_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Gemma 2, its soft-caps low enough to change scores (attention) and logprobs (final)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    torch.manual_seed(seed)
+    config = _gemma_defaults(attn_logit_softcapping=2.0, final_logit_softcapping=0.5)
+    config.update(overrides)
+    model = Gemma2ForCausalLM(Gemma2Config(**config)).float().eval()
+    _randomise_gemma_norms(model)
+    _sharpen_attention(model)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
+def make_gemma3_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Gemma 3 text (model_type gemma3_text): q_norm / k_norm, and its local layers' own rotary
+    base (rope_local_base_freq, far from the global one)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(seed)
+    config = _gemma_defaults(rope_theta=1_000_000.0, rope_local_base_freq=100.0)
+    config.update(overrides)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**config)).float().eval()
+    _randomise_gemma_norms(model)
+    _sharpen_attention(model)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
+def _randomise_gemma_norms(model) -> None:
+    """HF initialises Gemma's (1 + w) norm weights to 0; make each w matter."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(0, 0.3)
+
+
+def _sharpen_attention(model) -> None:
+    """Scale q and k up so that scores are O(1), not ~0: with near-uniform attention a window,
+    a soft-cap or a wrong position would barely change the tokens."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(6)
+            layer.self_attn.k_proj.weight.mul_(6)
+
+
+def without_sliding_window(folder: str, path: str) -> str:
+    """A copy of a saved folder whose config has no window in effect (a window longer than any
+    test sequence), to show that the window changes the tokens."""
+    import json
+    import shutil
+    shutil.copytree(folder, path)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["sliding_window"] = 1 << 16
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return str(path)
+
+
 def make_opt_folder(path: str, seed: int = 0, **overrides) -> str:
     from transformers import OPTConfig, OPTForCausalLM
     torch.manual_seed(seed)

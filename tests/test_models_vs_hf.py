@@ -2,13 +2,15 @@
 
 Same random weights (a saved Hugging Face folder, float32). Prompts of different lengths run
 together under plans that mix prefill, chunked prefill and decode, preempt one request
-(recompute) and swap another out and back in.
+(recompute) and swap another out and back in. The sliding-window families (Mistral, Gemma 2,
+Gemma 3) have an 8-token window, shorter than most prompts plus their outputs.
 """
 import pytest
 import torch
 
 from protocol.sampling import SamplingParams
-from tests.hf_model_folders import make_llama_folder, make_opt_folder, make_qwen2_folder, make_qwen3_folder
+from tests.hf_model_folders import (make_gemma2_folder, make_gemma3_folder, make_llama_folder, make_mistral_folder,
+                                    make_opt_folder, make_qwen2_folder, make_qwen3_folder, without_sliding_window)
 from tests.plan_player import PlanPlayer
 from worker_svc.model_executor import num_compilations
 from worker_svc.runner import ModelRunner
@@ -60,20 +62,34 @@ def _runner_greedy(folder: str, prompts, events, token_budget: int,
 EVENTS = {4: {"preempt": ("req-0",)}, 6: {"swap_out": ("req-1",)}}
 
 
-@pytest.mark.parametrize("make_folder", [make_llama_folder, make_opt_folder, make_qwen2_folder,
-                                         make_qwen3_folder], ids=["llama", "opt", "qwen2", "qwen3"])
-def test_greedy_matches_transformers(tmp_path, make_folder):
-    folder = make_folder(str(tmp_path / "model"))
+FAMILIES = {"llama": make_llama_folder, "opt": make_opt_folder, "qwen2": make_qwen2_folder, "qwen3": make_qwen3_folder,
+            "mistral-window": make_mistral_folder, "gemma2": make_gemma2_folder, "gemma3": make_gemma3_folder}
+WINDOWED = ["mistral-window", "gemma2", "gemma3"]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_matches_transformers(tmp_path, family):
+    folder = FAMILIES[family](str(tmp_path / "model"))
     prompts = _prompts(1000)
     expected = _hf_greedy(folder, prompts)
     assert _runner_greedy(folder, prompts, EVENTS, token_budget=16) == expected
 
 
-def test_the_eager_path_matches_transformers_too(tmp_path):
-    folder = make_llama_folder(str(tmp_path / "model"))
+@pytest.mark.parametrize("family", ["llama"] + WINDOWED)
+def test_the_eager_path_matches_transformers_too(tmp_path, family):
+    folder = FAMILIES[family](str(tmp_path / "model"))
     prompts = _prompts(1000)
     assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == \
         _hf_greedy(folder, prompts)
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_the_sliding_window_changes_the_tokens(tmp_path, family):
+    """Without its window the same weights give other tokens, so the tests above would fail
+    had the window been ignored."""
+    folder = FAMILIES[family](str(tmp_path / "model"))
+    prompts = _prompts(1000)
+    assert _hf_greedy(folder, prompts) != _hf_greedy(without_sliding_window(folder, str(tmp_path / "global")), prompts)
 
 
 def test_llama_gqa_head_dim_and_tied_embeddings(tmp_path):

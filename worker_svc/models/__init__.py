@@ -6,6 +6,8 @@ _ARCHITECTURES = {
     "MistralForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
+    "Gemma2ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
+    "Gemma3ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),

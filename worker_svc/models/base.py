@@ -6,7 +6,7 @@ and every model class derives from CausalLM (below), which gives it the head and
     model = ModelClass(config: dict, dtype: torch.dtype, tp: TensorParallel)
     model.cache_spec() -> CacheSpec
     model(input_ids, positions) -> hidden  # [T] int64 each -> [T, hidden_size]
-    model.compute_logits(hidden)  # [S, hidden] -> [S, vocab] float32
+    model.compute_logits(hidden)  # [S, hidden] -> [S, vocab] float32 (soft-capped where the model caps)
     model.lm_head_weight  # [vocab, hidden]: compute_logits is hidden @ lm_head_weight.T
     model.load_weights(weights: Iterable[tuple[str, torch.Tensor]])  # Hugging Face names
 
@@ -67,6 +67,9 @@ class CausalLM(nn.Module):
     hf_prefixes: tuple[str, ...] = ("model.",)  # stripped from checkpoint names
     hf_skip: tuple[str, ...] = ()  # checkpoint names (substrings) that hold no parameter
     tie_word_embeddings: bool
+    # Logits become c * tanh(logits / c) (Gemma 2). The compiled greedy head (greedy_head.py)
+    # takes the argmax of the uncapped logits: the cap is monotonic, so the argmax is the same.
+    final_logit_softcapping: float | None = None
 
     def cache_spec(self) -> CacheSpec:
         """An attention-only model's: every layer's self_attn holds this rank's KV heads."""
@@ -81,7 +84,9 @@ class CausalLM(nn.Module):
         return self.lm_head.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()  # [S, hidden] -> [S, vocab]
+        logits = F.linear(hidden, self.lm_head_weight).float()  # [S, hidden] -> [S, vocab]
+        cap = self.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # A tied head is the embedding; a saved copy of it must equal it.

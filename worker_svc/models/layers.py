@@ -49,25 +49,36 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype):
+    """scale: rows are multiplied by it (Gemma: sqrt(hidden_size)), rounded to the model's dtype
+    first, as transformers' scaled embedding does."""
+
+    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype, scale: float | None = None):
         super().__init__()
         self.weight = parameter(num_embeddings, dim, dtype=dtype)
+        self.scale = None if scale is None else nn.Buffer(torch.tensor(scale).to(dtype), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        rows = F.embedding(ids, self.weight)
+        return rows if self.scale is None else rows * self.scale
 
 
 class RMSNorm(nn.Module):
-    """Computed in float32 like Hugging Face's LlamaRMSNorm, so outputs match it closely."""
+    """Computed in float32 like Hugging Face's LlamaRMSNorm, so outputs match it closely.
 
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
+    unit_offset: the checkpoint stores w - 1 and the norm multiplies by (1 + w), in float32
+    before the cast back (Gemma's RMSNorm), where Llama's casts first and multiplies by w."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, unit_offset: bool = False):
         super().__init__()
         self.weight = parameter(dim, dtype=dtype)
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
 
 

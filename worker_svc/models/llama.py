@@ -3,7 +3,8 @@
 Options read from config.json: num_key_value_heads (GQA), head_dim, rope_theta (or transformers
 5's rope_parameters), rms_norm_eps, attention_bias (all four projections, Llama and Qwen3) or
 Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm (model_type qwen3 / qwen3_moe), mlp_bias,
-tie_word_embeddings.
+tie_word_embeddings, and the sliding window (Mistral's sliding_window, Qwen2's
+use_sliding_window: layer_types.py).
 
 Tensor parallel (tp.size = N): each rank holds num_attention_heads / N query heads and
 num_key_value_heads / N KV heads (so both must divide by N; a GQA model with fewer KV heads than
@@ -16,12 +17,13 @@ from torch import nn
 
 from worker_svc.models.base import CausalLM
 from worker_svc.models.gated_mlp import GatedMLP
+from worker_svc.models.layer_types import sliding_windows
 from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
 
 
-def _rope_theta(config: dict) -> float:
+def rope_theta(config: dict) -> float:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", None):
@@ -40,7 +42,8 @@ def attention_from_config(config: dict, dtype: torch.dtype, tp: TensorParallel, 
     return SelfAttention(hidden_size, num_heads, config.get("num_key_value_heads") or num_heads,
                          config.get("head_dim") or hidden_size // num_heads, dtype, tp, layer_index,
                          qkv_bias=attention_bias or config.get("model_type") == "qwen2", out_bias=attention_bias,
-                         qk_norm_eps=config.get("rms_norm_eps", 1e-6) if qk_norm else None)
+                         qk_norm_eps=config.get("rms_norm_eps", 1e-6) if qk_norm else None,
+                         sliding_window=sliding_windows(config)[layer_index])
 
 
 def _mlp(config: dict, dtype: torch.dtype, tp: TensorParallel) -> GatedMLP:
@@ -82,7 +85,7 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head = Linear(hidden_size, config["vocab_size"], False, dtype)
         attn = self.layers[0].self_attn
         self.rotary = RotaryEmbedding(attn.head_dim, config.get("max_position_embeddings", 2048),
-                                      _rope_theta(config), dtype)
+                                      rope_theta(config), dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]

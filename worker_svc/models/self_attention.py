@@ -4,9 +4,11 @@ A fused q|k|v projection (column-parallel: this rank's query heads and their KV 
 attention op over the forward context's KV of this layer, and an output projection (row-parallel:
 one all_reduce). Models differ only by options: grouped-query heads, biases, head_dim, and
 whether rotary positions turn q and k (Llama: yes; OPT adds learned positions to the embedding;
-Jamba has none), and Qwen3's per-head RMSNorm of q and k (q_norm / k_norm over head_dim, before
-rotary). Hugging Face calls the output projection o_proj (Llama, Jamba) or out_proj
-(OPT, renamed on load).
+Jamba has none), a per-head RMSNorm of q and k before rotary (q_norm / k_norm over head_dim:
+Qwen3; Gemma 3's with (1 + w)), and the attention op's per-layer options: the query scale
+(Gemma's query_pre_attn_scalar ** -0.5), a sliding window (Mistral, Gemma's local layers) and
+logit soft-capping (Gemma 2). Hugging Face calls the output projection o_proj (Llama, Jamba) or
+out_proj (OPT, renamed on load).
 """
 import torch
 from torch import nn
@@ -20,9 +22,12 @@ from worker_svc.parallel import TensorParallel
 class SelfAttention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  tp: TensorParallel, layer_index: int, qkv_bias: bool = False, out_bias: bool = False,
-                 qk_norm_eps: float | None = None):
+                 qk_norm_eps: float | None = None, qk_norm_unit_offset: bool = False, scale: float | None = None,
+                 sliding_window: int | None = None, softcap: float | None = None):
         """layer_index: which of the model's attention layers this is (its KV: caches.kv[layer_index]);
-        qk_norm_eps: set, each head's q and k are RMS-normalised over head_dim (Qwen3)."""
+        qk_norm_eps: set, each head's q and k are RMS-normalised over head_dim (Qwen3, Gemma 3),
+        by (1 + w) with qk_norm_unit_offset (Gemma 3); scale: of the scores (default
+        head_dim ** -0.5); sliding_window, softcap: the attention op's options (attention.py)."""
         super().__init__()
         self.layer_index = layer_index
         self.head_dim = head_dim
@@ -34,11 +39,12 @@ class SelfAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(hidden_size, (q_size, kv_size, kv_size), qkv_bias, dtype, tp,
                                              what="attention heads")
         self.o_proj = RowParallelLinear(q_size, hidden_size, out_bias, dtype, tp)
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.sliding_window, self.softcap = sliding_window, softcap
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:  # one weight of head_dim shared by every head: the same on each rank
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype)
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype, qk_norm_unit_offset)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype, qk_norm_unit_offset)
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -51,4 +57,5 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
             q, k = rotary(positions, q, k)
-        return self.o_proj(attention(q, k, v, self.layer_index, self.scale))  # [T, hidden]
+        out = attention(q, k, v, self.layer_index, self.scale, self.sliding_window, self.softcap)
+        return self.o_proj(out)  # [T, hidden]
