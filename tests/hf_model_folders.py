@@ -80,46 +80,40 @@ def make_mistral_folder(path: str, seed: int = 0, **overrides) -> str:
     return _save(model, path, LLAMA_SPECIALS)
 
 
-def _gemma_defaults(**overrides) -> dict:
+def _gemma_defaults() -> dict:
     """Gemma's options all in play: grouped-query attention, head_dim (32) not hidden / heads,
     query_pre_attn_scalar (24) not head_dim, an 8-token window on the first layer, a global
     second layer."""
     return _llama_defaults(num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
-                           layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True,
-                           **overrides)
+                           layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True)
 
 
 def make_gemma2_folder(path: str, seed: int = 0, **overrides) -> str:
     """Gemma 2, its soft-caps low enough to change scores (attention) and logprobs (final)."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
-    torch.manual_seed(seed)
-    config = _gemma_defaults(attn_logit_softcapping=2.0, final_logit_softcapping=0.5)
-    config.update(overrides)
-    model = Gemma2ForCausalLM(Gemma2Config(**config)).float().eval()
-    _randomise_gemma_norms(model)
-    _sharpen_attention(model)
-    return _save(model, path, LLAMA_SPECIALS)
+    return _make_gemma_folder(path, Gemma2ForCausalLM, Gemma2Config, seed,
+                              dict(attn_logit_softcapping=2.0, final_logit_softcapping=0.5, **overrides))
 
 
 def make_gemma3_folder(path: str, seed: int = 0, **overrides) -> str:
     """Gemma 3 text (model_type gemma3_text): q_norm / k_norm, and its local layers' own rotary
     base (rope_local_base_freq, far from the global one)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    return _make_gemma_folder(path, Gemma3ForCausalLM, Gemma3TextConfig, seed,
+                              dict(rope_theta=1_000_000.0, rope_local_base_freq=100.0, **overrides))
+
+
+def _make_gemma_folder(path: str, model_class, config_class, seed: int, overrides: dict) -> str:
     torch.manual_seed(seed)
-    config = _gemma_defaults(rope_theta=1_000_000.0, rope_local_base_freq=100.0)
+    config = _gemma_defaults()
     config.update(overrides)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(**config)).float().eval()
-    _randomise_gemma_norms(model)
-    _sharpen_attention(model)
-    return _save(model, path, LLAMA_SPECIALS)
-
-
-def _randomise_gemma_norms(model) -> None:
-    """HF initialises Gemma's (1 + w) norm weights to 0; make each w matter."""
-    with torch.no_grad():
+    model = model_class(config_class(**config)).float().eval()
+    with torch.no_grad():  # HF initialises Gemma's (1 + w) norm weights to 0; make each w matter
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.normal_(0, 0.3)
+    _sharpen_attention(model)
+    return _save(model, path, LLAMA_SPECIALS)
 
 
 def _sharpen_attention(model) -> None:
