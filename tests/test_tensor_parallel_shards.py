@@ -18,7 +18,7 @@ from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelL
 from worker_svc.parallel import TensorParallel, default_group_id
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig
-from tests.hf_model_folders import make_llama_folder, make_opt_folder
+from tests.hf_model_folders import make_gemma2_folder, make_llama_folder, make_opt_folder
 from tests.plan_player import PlanPlayer
 
 
@@ -135,7 +135,8 @@ def _generate(runner, prompts: dict) -> dict:
     return player.run()
 
 
-@pytest.mark.parametrize("make_folder", [None, make_opt_folder], ids=["llama-gqa", "opt"])
+@pytest.mark.parametrize("make_folder", [None, make_opt_folder, make_gemma2_folder],
+                         ids=["llama-gqa", "opt", "gemma2"])
 def test_threaded_group_generates_what_one_worker_does(make_folder, gqa_folder, tmp_path,
                                                        monkeypatch):
     folder = gqa_folder if make_folder is None else make_folder(str(tmp_path / "m"))
