@@ -6,7 +6,7 @@ from client_sdk.errors import AuthenticationError, ChatTemplateError, RequestErr
 from client_sdk.llm import LLM
 from client_sdk.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from client_sdk.sync_client import Client
-from protocol.sampling import SamplingParams
+from protocol.sampling import SamplingParams, StructuredOutputsParams
 
 try:
     __version__ = version("stepserve")  # pyproject.toml's, the one place it is written
@@ -14,4 +14,5 @@ except PackageNotFoundError:  # run from a checkout that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["__version__", "AsyncClient", "Client", "LLM", "RequestOutput", "CompletionOutput", "Logprob", "StreamDelta",
-           "RequestError", "ServiceError", "AuthenticationError", "ChatTemplateError", "SamplingParams"]
+           "RequestError", "ServiceError", "AuthenticationError", "ChatTemplateError", "SamplingParams",
+           "StructuredOutputsParams"]

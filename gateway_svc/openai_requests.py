@@ -41,6 +41,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None  # vLLM's extras
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
+    # OpenAI's {"type": "json_object"} / {"type": "json_schema", "json_schema": {"schema": ...}},
+    # or vLLM's structured_outputs ({"json": ...} | {"regex": ...} | {"choice": [...]} | ...).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -59,7 +63,6 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -85,8 +88,6 @@ def refuse_unsupported(req: _SamplingFields) -> None:
     else:
         if req.tools:
             raise bad_request("tools are not supported", param="tools")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise bad_request("response_format other than text is not supported", param="response_format")
 
 
 def _token_keys(logit_bias: dict[str, float]) -> dict[int, float]:
@@ -94,6 +95,29 @@ def _token_keys(logit_bias: dict[str, float]) -> dict[int, float]:
         return {int(token): bias for token, bias in logit_bias.items()}
     except ValueError:
         raise bad_request("logit_bias keys must be token ids", param="logit_bias") from None
+
+
+def structured_outputs(req: _SamplingFields) -> dict[str, Any] | None:
+    """vLLM's structured_outputs, or OpenAI's response_format in its terms."""
+    fmt = req.response_format
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if req.structured_outputs is not None:
+        if kind not in (None, "text"):
+            raise bad_request("give response_format or structured_outputs, not both", param="response_format")
+        return req.structured_outputs
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON schema (an object)",
+                              param="response_format")
+        return {"json": schema}
+    raise bad_request(f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
+                      param="response_format")
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None) -> SamplingParams:
@@ -108,6 +132,9 @@ def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | N
             fields[name] = value
     if req.logit_bias:
         fields["logit_bias"] = _token_keys(req.logit_bias)
+    structured = structured_outputs(req)
+    if structured is not None:
+        fields["structured_outputs"] = structured
     try:
         return msgspec.convert(fields, SamplingParams)
     except msgspec.ValidationError as e:

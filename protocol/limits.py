@@ -17,6 +17,8 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1024  # token ids in one logit_bias (OpenAI allows 300)
 MAX_BAD_WORDS = 1024
 MAX_ALLOWED_TOKEN_IDS = 1 << 20
+MAX_GRAMMAR_LEN = 1 << 20  # characters of a JSON schema, regex or grammar; each choice
+MAX_CHOICES = 4096
 
 # The worker link: a worker's hello decides what the scheduler allocates for it.
 MAX_NAME_LEN = 1024  # worker ids, group ids, model names, devices

@@ -1,14 +1,50 @@
 """SamplingParams: how to pick the next token and when to stop, validated on decode."""
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import msgspec
 
-from protocol.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N,
-                             MAX_STOP_STRING_LEN, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOKENS)
+from protocol.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_CHOICES, MAX_GRAMMAR_LEN, MAX_LOGIT_BIAS,
+                             MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_LEN, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                             MAX_TOKENS)
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
+
+
+class StructuredOutputsParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """vLLM's: exactly one constraint on the output text. json: a JSON schema (a dict, or its
+    text); json_object: any JSON object; regex: the text full-matches it; choice: the text is one
+    of these strings; grammar: an EBNF grammar (GBNF/xgrammar syntax, root rule `root`).
+
+    Checked here for shape; whether the schema, regex or grammar compiles is the worker's
+    grammar engine's to say (worker_svc/structured_outputs.py), which fails that request alone."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_GRAMMAR_LEN)] | None = None
+    choice: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_GRAMMAR_LEN)]],
+                      msgspec.Meta(max_length=MAX_CHOICES)] | None = None
+    grammar: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_GRAMMAR_LEN)] | None = None
+
+    def __post_init__(self):
+        kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        kinds += ["json_object"] if self.json_object else []
+        if len(kinds) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of json, json_object, regex, choice, grammar; "
+                             f"got {kinds or 'none'}")
+        if self.choice is not None and not self.choice:
+            raise ValueError("structured_outputs.choice must not be empty")
+        if isinstance(self.json, str):
+            if len(self.json) > MAX_GRAMMAR_LEN:
+                raise ValueError(f"structured_outputs.json is longer than {MAX_GRAMMAR_LEN} characters")
+            try:
+                schema = json.loads(self.json)
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("structured_outputs.json must be a JSON schema (an object)")
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -24,7 +60,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     > 0 (1 = off) over prompt and generated tokens; logit_bias maps token id -> bias in
     [-100, 100], added to the logits; bad_words are never generated (each word tokenized by the
     worker with and without a leading space); allowed_token_ids, when given, are the only tokens
-    that may be sampled.
+    that may be sampled. structured_outputs constrains the text to a JSON schema, a regex, a
+    choice or a grammar (StructuredOutputsParams).
 
     n, stop and include_stop_str_in_output are the SDK's (the scheduler only sees token ids):
     the SDK sends n requests with seeds seed, seed + 1, ... (vLLM's rule), matches the stop
@@ -55,6 +92,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     bad_words: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_LEN)]],
                          msgspec.Meta(max_length=MAX_BAD_WORDS)] = []
     allowed_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if self.min_tokens > self.max_tokens:
@@ -76,4 +114,4 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def needs_logits(self) -> bool:
         """The worker must see this request's full logits (not the fused greedy head's argmax)."""
         return (self.temperature != 0 or self.logprobs is not None or self.has_penalties or bool(self.logit_bias)
-                or bool(self.bad_words) or self.allowed_token_ids is not None)
+                or bool(self.bad_words) or self.allowed_token_ids is not None or self.structured_outputs is not None)

@@ -62,6 +62,9 @@ class StepResult(Message, tag=True):
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None = None  # aligned likewise, when any asked
     error: str | None = None  # the whole step failed; the scheduler fails its requests
+    # Requests that failed alone (index in the plan's order -> why; their token is -1): a bad
+    # request parameter only the worker can judge (a grammar that does not compile).
+    request_errors: dict[int, str] = {}
     busy_s: float = 0.0  # the worker's time executing the plan (inputs, forward, sampling)
 
 

@@ -111,16 +111,18 @@ class Request:
 
 
 class RequestUpdate:
-    """What one step did to one request: the tokens it got and, on its last step, why it ended."""
+    """What one step did to one request: the tokens it got and, on its last step, why it ended
+    (error: (code, message) when the worker failed this request alone)."""
 
-    __slots__ = ("request", "new_token_ids", "new_logprobs", "finish_reason")
+    __slots__ = ("request", "new_token_ids", "new_logprobs", "finish_reason", "error")
 
     def __init__(self, request: Request, new_token_ids: list[int], new_logprobs: list | None,
-                 finish_reason: str | None):
+                 finish_reason: str | None, error: tuple[str, str] | None = None):
         self.request = request
         self.new_token_ids = new_token_ids
         self.new_logprobs = new_logprobs
         self.finish_reason = finish_reason
+        self.error = error
 
     def __repr__(self) -> str:
         return (f"RequestUpdate({self.request.request_id!r}, {self.new_token_ids}, "

@@ -368,7 +368,10 @@ class Scheduler:
                 continue  # a prefill chunk short of the end: no token (the worker sent -1)
             token_id = sampled[i]
             if token_id < 0:
-                updates.append(self._finish(request, "error"))
+                update = self._finish(request, "error")
+                if i in result.request_errors:  # the worker refused this request alone: its parameters
+                    update.error = (ErrorCode.INVALID_PARAMS, result.request_errors[i])
+                updates.append(update)
                 continue
             request.output_token_ids.append(token_id)
             new_logprobs = None

@@ -427,7 +427,8 @@ class SchedulerService:
             if metrics is not None:
                 metrics.on_tokens(request.request_id, len(update.new_token_ids), now)
             if update.finish_reason is not None:
-                self._end(request, update.finish_reason, error, update.new_token_ids, update.new_logprobs)
+                self._end(request, update.finish_reason, update.error or error, update.new_token_ids,
+                          update.new_logprobs)
                 continue
             output = output_for(request, update.new_token_ids, update.new_logprobs, None)
             if output is not None:

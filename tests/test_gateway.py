@@ -175,6 +175,36 @@ def test_penalties_and_bias_with_openai_names(api):
     assert penalised.choices[0].token_ids[:2] == [77, 78]  # 77 once is 6 - 2 - 2 < 4: 78
 
 
+def test_structured_outputs_with_openai_and_vllm_fields(api, cluster):
+    """response_format (chat and completions) and vLLM's structured_outputs; the many-request
+    proof is test_structured_outputs.py's."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    chat = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=60,
+                                       temperature=0.0, response_format={"type": "json_schema", "json_schema": {
+                                           "name": "thing", "schema": schema, "strict": True}})
+    assert set(json.loads(chat.choices[0].message.content)) == {"n", "ok"}
+    assert chat.choices[0].finish_reason == "stop"
+    obj = api.completions.create(model=MODEL, prompt="x", max_tokens=120, temperature=0.0, seed=1,
+                                 extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(obj.choices[0].text), dict)
+    choice = api.completions.create(model=MODEL, prompt="x", max_tokens=10, temperature=1.0, n=3, seed=2,
+                                    extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert all(c.text in ("yes", "no") for c in choice.choices)
+    url = cluster.base_url + "/v1/completions"
+    for structured, reason in (({"structured_outputs": {"regex": "(unclosed"}}, "regex does not compile"),
+                               ({"structured_outputs": {"choice": []}}, "choice must not be empty"),
+                               ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+                                "not both"),
+                               ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+                                "json_schema.schema")):
+        status, text = post_json(url, {"prompt": "x", "max_tokens": 5, **structured})
+        error = json.loads(text)["error"]
+        assert (status, error["code"]) == (400, "invalid_params") and reason in error["message"], text
+    assert api.completions.create(model=MODEL, prompt="still serving", max_tokens=2).choices
+
+
 def test_models_and_health(api, cluster):
     assert [m.id for m in api.models.list().data] == [MODEL]
     status, body = curl(cluster.base_url + "/health")

@@ -11,6 +11,7 @@ from protocol.worker_messages import NewRequestData
 from worker_svc.kv_cache import num_blocks_for_tokens
 from worker_svc.logits_processors import LogitsProcessors
 from worker_svc.sampler import SamplingMetadata
+from worker_svc.structured_outputs import StructuredOutputs
 
 
 @dataclass
@@ -39,8 +40,11 @@ class StepInputs:
 
 class RequestTable:
     def __init__(self, max_model_len: int, block_size: int, eos_token_ids: list[int],
-                 logits_processors: LogitsProcessors, uses_blocks: bool = True, num_rows: int = 64):
-        self.logits_processors = logits_processors  # per-request penalties, bias, ...: rows of this table
+                 logits_processors: LogitsProcessors, structured_outputs: StructuredOutputs,
+                 uses_blocks: bool = True, num_rows: int = 64):
+        # Per-request state of the sampler, keyed by the rows of this table.
+        self.logits_processors = logits_processors  # penalties, bias, bad words, allowed tokens
+        self.structured_outputs = structured_outputs  # grammar matchers
         self.max_model_len, self.block_size = max_model_len, block_size
         self.uses_blocks = uses_blocks  # False for pure state-space models: no KV, no blocks
         self.eos_token_ids = list(eos_token_ids)
@@ -100,6 +104,7 @@ class RequestTable:
         try:
             num_prompt = new.num_prompt_tokens
             self.logits_processors.add(row, p, new.token_ids[:num_prompt], new.token_ids[num_prompt:])
+            self.structured_outputs.add(row, p.structured_outputs, new.token_ids[num_prompt:])
         except Exception:
             self.remove(new.request_id)
             raise
@@ -110,6 +115,7 @@ class RequestTable:
         if row is not None:
             self.stop_ids.pop(row, None)
             self.logits_processors.remove(row)
+            self.structured_outputs.remove(row)
             self._free_rows.append(row)
 
     def append_blocks(self, row: int, block_ids: list[int]) -> None:
@@ -172,7 +178,8 @@ class RequestTable:
         return SamplingMetadata(
             temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
             min_p=self.min_p[rows], seed=self.seed[rows], num_generated=num_generated,
-            num_logprobs=self.num_logprobs[rows], banned=banned, adjustments=adjustments)
+            num_logprobs=self.num_logprobs[rows], banned=banned, adjustments=adjustments,
+            grammar=self.structured_outputs.for_step(rows))
 
     def generated_token_ids(self, row: int) -> np.ndarray:
         return self.token_ids[row, self.num_prompt[row]:self.num_tokens[row]]
@@ -183,3 +190,4 @@ class RequestTable:
         self.token_ids[sampled_rows, self.num_tokens[sampled_rows]] = tokens
         self.num_tokens[sampled_rows] += 1
         self.logits_processors.on_sampled(sampled_rows, tokens)
+        self.structured_outputs.on_sampled(sampled_rows, tokens)

@@ -34,6 +34,7 @@ from worker_svc.request_table import RequestTable, StepInputs
 from worker_svc.runner_config import RunnerConfig
 from worker_svc.sampler import sample
 from worker_svc.state_slots import StateSlotPool
+from worker_svc.structured_outputs import StructuredOutputs
 
 log = logging.getLogger(__name__)
 _GiB = 1 << 30
@@ -80,6 +81,8 @@ class ModelRunner:
         self.requests = RequestTable(self.max_model_len, self.block_size,
                                      self.loaded.eos_token_ids,
                                      LogitsProcessors(self.vocab_size, self.device, self._tokenizer()),
+                                     StructuredOutputs(self.loaded.tokenizer_json, self.vocab_size,
+                                                       self.loaded.eos_token_ids),
                                      uses_blocks=self.spec.num_attention_layers > 0)
         self.executor = self._make_executor()
         if self.executor.compiled:
@@ -164,11 +167,12 @@ class ModelRunner:
         with forward_context(context):
             hidden = self.executor.forward(*self._token_tensors(inputs))  # [T, hidden]
         sampled = inputs.sampled_mask  # [B] bool
-        tokens, logprobs = np.empty(0, dtype=np.int64), None
+        tokens, logprobs, errors = np.empty(0, dtype=np.int64), None, {}
         if sampled.any():
             logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
-            tokens, logprobs = self._sample(hidden[logits_indices], rows[sampled])
-        self.requests.advance(rows, query_lens, rows[sampled], tokens)
+            tokens, logprobs, errors = self._sample(hidden[logits_indices], rows[sampled])
+        got_token = tokens >= 0  # a request that failed alone (its grammar) gets none
+        self.requests.advance(rows, query_lens, rows[sampled][got_token], tokens[got_token])
         out = np.full(len(rows), -1, dtype=np.int64)
         out[order[sampled]] = tokens
         if logprobs is not None:
@@ -176,7 +180,9 @@ class ModelRunner:
             for i, lp in zip(order[sampled].tolist(), logprobs):
                 aligned[i] = lp
             logprobs = aligned
-        return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs)
+        request_errors = {int(order[sampled][i]): reason for i, reason in errors.items()}
+        return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs,
+                          request_errors=request_errors)
 
     def _prepare(self, rows: np.ndarray, query_lens: np.ndarray) -> tuple[StepInputs, ForwardContext]:
         """The step's inputs (numpy) and forward context (metadata tensors), decodes first."""
@@ -205,8 +211,9 @@ class ModelRunner:
 
         Only rank 0 computes logits and samples (the others' would be identical work), then
         broadcasts the ids: exact for seeded and unseeded random sampling alike. Greedy rows
-        without logprobs take the fused LM head + argmax (no full-vocabulary logits)."""
-        tokens, logprobs = None, None
+        without logprobs take the fused LM head + argmax (no full-vocabulary logits). Rows that
+        fail alone (a grammar that does not compile) get token -1 and a reason (index -> str)."""
+        tokens, logprobs, errors = None, None, {}
         if self.tp.is_driver:
             try:
                 meta = self.requests.sampling_metadata(rows)
@@ -214,11 +221,14 @@ class ModelRunner:
                     tokens = self.executor.greedy_tokens(hidden)
                 else:
                     tokens, logprobs = sample(self.executor.logits(hidden), meta)
+                    if meta.grammar is not None and meta.grammar.errors:
+                        errors = meta.grammar.errors
+                        tokens[list(errors)] = -1
             finally:  # on failure too, so the other ranks are not left waiting
                 tokens = self.tp.broadcast_tokens(tokens, len(rows), self.device)
         else:
             tokens = self.tp.broadcast_tokens(None, len(rows), self.device)
-        return tokens, logprobs
+        return tokens, logprobs, errors
 
     # ---- request state ----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Token sampling, vectorised over the batch: greedy, temperature, top-k, top-p, min-p, seeds.
 
-Order, as in vLLM: per-request adjustments (allowed tokens, bad words, min_tokens' stop tokens,
+Order, as in vLLM: the grammar's mask (structured_outputs.py), per-request adjustments (allowed tokens, bad words, min_tokens' stop tokens,
 logit bias, penalties: logits_processors.py) -> logits / temperature -> top-k -> top-p -> min-p -> sample. A sample is the
 exponential race argmax(probs / E), E ~ Exp(1), which draws from probs without a cumsum search;
 a seeded request draws its E from its own generator seeded by (seed, tokens generated so far),
@@ -14,6 +14,7 @@ import torch
 
 from protocol.client_messages import TokenLogprobs
 from worker_svc.logits_processors import StepAdjustments
+from worker_svc.structured_outputs import StepGrammar
 
 
 @dataclass
@@ -30,6 +31,7 @@ class SamplingMetadata:
     # (row, token ids) whose sampling is forbidden this step: stop tokens before min_tokens.
     banned: list[tuple[int, list[int]]] = field(default_factory=list)
     adjustments: StepAdjustments | None = None  # None: no row has penalties, bias, ...
+    grammar: StepGrammar | None = None  # None: no row is constrained
 
     @property
     def all_greedy(self) -> bool:
@@ -38,7 +40,7 @@ class SamplingMetadata:
     @property
     def argmax_only(self) -> bool:
         """Every row takes the raw logits' argmax: the fused greedy head serves them all."""
-        return (self.all_greedy and not self.banned and self.adjustments is None
+        return (self.all_greedy and not self.banned and self.adjustments is None and self.grammar is None
                 and not (self.num_logprobs >= 0).any())
 
 
@@ -55,8 +57,10 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
     """logits: [S, V] float32 -> token ids [S] (numpy int64) and per-row logprobs or None."""
     wants_logprobs = (meta.num_logprobs >= 0).any()
     raw = logits
-    if meta.adjustments is not None or meta.banned:
+    if meta.adjustments is not None or meta.banned or meta.grammar is not None:
         raw = logits.clone() if wants_logprobs else None
+        if meta.grammar is not None:
+            meta.grammar.apply(logits)
         if meta.adjustments is not None:
             meta.adjustments.apply(logits)
         for row, ids in meta.banned:

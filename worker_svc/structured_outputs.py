@@ -1,0 +1,217 @@
+"""StructuredOutputs: grammar-constrained decoding on the worker (JSON schema, JSON object, regex,
+choice, EBNF grammar), with xgrammar.
+
+Where the state lives: on the worker, per request row, beside its token ids. The worker has the
+tokenizer and the logits; the scheduler stays free of torch, of the tokenizer and of grammar
+state, and sends SamplingParams.structured_outputs with the request like any other parameter.
+
+Compilation, off the hot path: xgrammar's GrammarCompiler (built from the model's
+tokenizer.json, its vocab size and EOS ids) runs in a one-thread pool; a request's compilation
+is submitted when the worker registers it, before the step's forward, so it overlaps with that
+forward (torch releases the GIL) and with the earlier chunks of a chunked prefill. Compiled
+grammars are cached by their source (our futures by the canonical parameters, xgrammar's own
+cache below): a schema compiles once per worker. The step waits only for the rows it samples
+whose grammar is not ready yet, at their first token; other steps never wait. The first
+structured request also imports xgrammar (and transformers) in that thread: a worker that never
+sees one never loads them.
+
+The mask reaches the sampler as a bitmask: each step, the matchers of the sampled rows with a
+grammar fill their rows of an int32 bitmask [S, ceil(V / 32)] (BatchGrammarMatcher, on threads)
+and the sampler applies it with xgrammar's apply_token_bitmask_inplace (disallowed -> -inf)
+before the other adjustments (logits_processors.py), temperature and the filters.
+
+Exactness: the worker executes plans in order and appends each sampled token itself
+(RequestTable.advance -> on_sampled: the matcher accepts it), so with two plans in flight
+(async scheduling) the next step's mask already includes the token the scheduler has not seen.
+A request rescheduled after a recompute preemption (or swapped back in) arrives as new with its
+generated tokens: a fresh matcher replays them once its grammar is compiled. Rows are freed with
+the rest of the request (finished_ids, preempted_ids).
+
+A schema, regex or grammar that does not compile fails its request alone: the row gets no
+token and the step result names the reason (StepResult.request_errors); the scheduler answers
+invalid_params. Requests without constraints pay one dict emptiness check per step.
+"""
+import json
+import logging
+import re
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import torch
+
+from protocol.sampling import StructuredOutputsParams
+
+log = logging.getLogger(__name__)
+MAX_CACHED_GRAMMARS = 1024
+_LOCATION = re.compile(r"\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[14:17:17] /project/cpp/x.cc:94: "
+
+
+class GrammarError(ValueError):
+    """The request's schema, regex or grammar does not compile; the message says why."""
+
+
+@dataclass
+class StepGrammar:
+    """One step's masks: bitmask rows for the sampled rows `indices` (logits order), and the
+    rows that fail (index -> reason)."""
+
+    bitmask: torch.Tensor | None  # [S, ceil(V / 32)] int32
+    indices: list[int]
+    errors: dict[int, str]
+    fill_s: float = 0.0  # seconds spent filling the bitmask (the benchmark's split)
+
+    def apply(self, logits: torch.Tensor) -> None:
+        if self.indices:
+            import xgrammar
+            xgrammar.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=logits.shape[-1],
+                                                 indices=self.indices)
+
+
+class _Row:
+    __slots__ = ("grammar", "replay", "matcher", "error")
+
+    def __init__(self, grammar: Future, replay: list[int]):
+        self.grammar, self.replay = grammar, replay  # replay: tokens generated before (re)scheduling
+        self.matcher = None
+        self.error: str | None = None
+
+
+class StructuredOutputs:
+    def __init__(self, tokenizer_json: str | None, vocab_size: int, eos_token_ids: list[int]):
+        self.tokenizer_json, self.vocab_size, self.eos_token_ids = tokenizer_json, vocab_size, eos_token_ids
+        self.rows: dict[int, _Row] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._compiler = None
+        self._grammars: OrderedDict[bytes, Future] = OrderedDict()  # canonical params -> compiled
+        self._bitmask: torch.Tensor | None = None
+        self._batch_matcher = None
+
+    # ---- membership ------------------------------------------------------------------------
+
+    def add(self, row: int, params: StructuredOutputsParams | None, output_ids: list[int]) -> None:
+        if params is not None:
+            self.rows[row] = _Row(self._compiled(params), list(output_ids))
+
+    def remove(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def _compiled(self, params: StructuredOutputsParams) -> Future:
+        key = msgspec.json.encode(params, order="sorted")
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compiler")
+            grammar = self._grammars[key] = self._pool.submit(self._compile, params)
+            if len(self._grammars) > MAX_CACHED_GRAMMARS:
+                self._grammars.popitem(last=False)
+        else:
+            self._grammars.move_to_end(key)
+        return grammar
+
+    def _compile(self, params: StructuredOutputsParams):
+        """In the pool's thread: the compiled grammar, or GrammarError."""
+        compiler = self._grammar_compiler()
+        try:
+            if params.json is not None:
+                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+                return compiler.compile_json_schema(schema, any_whitespace=False)
+            if params.json_object:  # OpenAI's json_object: an object (xgrammar's builtin is any value)
+                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if params.regex is not None:
+                return compiler.compile_regex(params.regex)
+            if params.choice is not None:
+                return compiler.compile_grammar(choice_grammar(params.choice))
+            return compiler.compile_grammar(params.grammar)
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / ValueError subclasses
+            kind = next(name for name in ("json", "json_object", "regex", "choice", "grammar")
+                        if getattr(params, name) not in (None, False))
+            reason = _LOCATION.sub("", str(e)).strip()
+            raise GrammarError(f"structured_outputs.{kind} does not compile: {reason}") from None
+
+    def _grammar_compiler(self):
+        if self._compiler is None:
+            if self.tokenizer_json is None:
+                raise GrammarError("structured outputs need the model's tokenizer, and this model has none")
+            self._compiler = grammar_compiler(self.tokenizer_json, self.vocab_size, self.eos_token_ids)
+        return self._compiler
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def for_step(self, rows: np.ndarray) -> StepGrammar | None:
+        """rows: the sampled rows in logits order. Waits for grammars still compiling."""
+        if not self.rows:
+            return None
+        constrained = [(i, self.rows[r]) for i, r in enumerate(rows.tolist()) if r in self.rows]
+        if not constrained:
+            return None
+        errors, indices, matchers = {}, [], []
+        for i, state in constrained:
+            if state.matcher is None and state.error is None:
+                self._start_matcher(state)
+            if state.error is not None:
+                errors[i] = state.error
+            elif not state.matcher.is_terminated():
+                indices.append(i)
+                matchers.append(state.matcher)
+        start = time.perf_counter()
+        bitmask = self._bitmask_for(len(rows))
+        if matchers:
+            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices)
+        # A terminated matcher (the grammar is complete) allows only EOS; one that ignores EOS
+        # goes on unconstrained, as vLLM's does.
+        return StepGrammar(bitmask, indices, errors, time.perf_counter() - start)
+
+    def _start_matcher(self, state: _Row) -> None:
+        import xgrammar
+        try:
+            state.matcher = xgrammar.GrammarMatcher(state.grammar.result(), override_stop_tokens=self.eos_token_ids)
+        except GrammarError as e:
+            state.error = str(e)
+            return
+        for token in state.replay:
+            if not state.matcher.accept_token(token):
+                state.error = f"the tokens generated before rescheduling do not follow the grammar ({token})"
+                return
+        state.replay = []
+
+    def _bitmask_for(self, num_rows: int) -> torch.Tensor:
+        import xgrammar
+        if self._bitmask is None or self._bitmask.shape[0] < num_rows:
+            self._bitmask = xgrammar.allocate_token_bitmask(max(num_rows, 64), self.vocab_size)
+            self._batch_matcher = self._batch_matcher or xgrammar.BatchGrammarMatcher()
+        return self._bitmask[:num_rows]
+
+    def on_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        if not self.rows:
+            return
+        for row, token in zip(rows.tolist(), tokens.tolist()):
+            state = self.rows.get(row)
+            if state is None or state.matcher is None or state.matcher.is_terminated():
+                continue
+            if not state.matcher.accept_token(token):
+                log.warning("row %d: token %d does not follow its grammar", row, token)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """EBNF whose language is exactly the choices (each a quoted literal, escaped)."""
+    literals = ('"' + c.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
+                for c in choices)
+    return "root ::= " + " | ".join(literals)
+
+
+def grammar_compiler(tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]):
+    """xgrammar's compiler for this tokenizer. TokenizerInfo comes from xgrammar's own reading of
+    a Hugging Face fast tokenizer (vocabulary, byte-level or byte-fallback decoding, prefix
+    space), which serves the byte-level presets and BPE/SentencePiece tokenizer.json alike;
+    vocab_size is the model's (its logits' width, padding entries included)."""
+    import xgrammar
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer_json))
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=eos_token_ids)
+    return xgrammar.GrammarCompiler(info, max_threads=2)
