@@ -141,3 +141,25 @@ def _num_lines(path: str) -> int:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
         return sum(1 for line in f if line.endswith(b"\n"))
+
+
+def test_structured_output_lines(cluster, tmp_path):
+    """response_format and structured_outputs in batch lines: the gateway's parsing, so each
+    output follows its schema, and a regex that does not compile is that line's error alone."""
+    import jsonschema
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                               "c": {"enum": ["a", "b"]}},
+              "required": ["n", "c"], "additionalProperties": False}
+    lines = [json.dumps({"custom_id": f"s-{i}", "method": "POST", "url": "/v1/completions",
+                         "body": {"prompt": f"item {i}", "max_tokens": 60, "temperature": 0.7, "seed": i,
+                                  "response_format": {"type": "json_schema", "json_schema": {"name": "s",
+                                                                                            "schema": schema}}}})
+             for i in range(20)]
+    lines.append(json.dumps({"custom_id": "bad", "method": "POST", "url": "/v1/completions",
+                             "body": {"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}}))
+    out = str(tmp_path / "out.jsonl")
+    run_batch(cluster, "-i", write_lines(str(tmp_path / "in.jsonl"), lines), "-o", out)
+    outputs = {o["custom_id"]: o for o in read_outputs(out)}
+    for i in range(20):
+        jsonschema.validate(json.loads(outputs[f"s-{i}"]["response"]["body"]["choices"][0]["text"]), schema)
+    assert "does not compile" in json.dumps(outputs["bad"])
