@@ -97,3 +97,24 @@ def test_llama_gqa_head_dim_and_tied_embeddings(tmp_path):
                                tie_word_embeddings=True, attention_bias=True, rope_theta=500.0)
     prompts = _prompts(1000)
     assert _runner_greedy(folder, prompts, {}, token_budget=16) == _hf_greedy(folder, prompts)
+
+
+def test_gemma3_folder_in_the_older_config_style(tmp_path):
+    """Gemma 3 as folders saved before transformers 5 describe it: sliding_window_pattern instead
+    of layer_types, rope_theta and rope_local_base_freq instead of per-layer-type
+    rope_parameters (transformers converts them on load; so must we)."""
+    import json
+    folder = make_gemma3_folder(str(tmp_path / "model"), num_hidden_layers=3,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    path = f"{folder}/config.json"
+    with open(path) as f:
+        config = json.load(f)
+    rope = config.pop("rope_parameters")
+    del config["layer_types"]
+    config.update(sliding_window_pattern=2, rope_theta=rope["full_attention"]["rope_theta"],
+                  rope_local_base_freq=rope["sliding_attention"]["rope_theta"], rope_scaling=None)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    prompts = _prompts(1000)
+    assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == \
+        _hf_greedy(folder, prompts)
