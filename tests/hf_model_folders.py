@@ -155,6 +155,48 @@ def make_opt_folder(path: str, seed: int = 0, **overrides) -> str:
     return _save(model, path, OPT_SPECIALS)
 
 
+def _spread_routers(model, std: float = 0.5) -> None:
+    """HF draws router weights like every weight (std 0.02): every expert then gets nearly the
+    same probability and the top k is decided by noise. Wider routers make routing, and
+    renormalising or not, change the outputs."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight") and param.dim() == 2 and param.shape[0] < param.shape[1]:
+                param.normal_(0, std)
+
+
+def make_mixtral_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Mixtral: every layer a mixture of 4 experts, top 2 (renormalised), 4 heads over 2 KV heads."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(seed)
+    config = _llama_defaults(num_key_value_heads=2, intermediate_size=96, num_local_experts=4,
+                             num_experts_per_tok=2, rope_theta=1_000_000.0,
+                             initializer_range=0.1)
+    config.update(overrides)
+    model = MixtralForCausalLM(MixtralConfig(**config)).float().eval()
+    _spread_routers(model)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
+def make_qwen3_moe_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Qwen3-MoE: per-head q/k norm, head_dim 32, 4 heads over 2 KV heads; 3 layers: 0 and 2
+    mixtures of 4 experts (top 2, not renormalised: norm_topk_prob False) of
+    moe_intermediate_size 48, layer 1 a dense MLP (mlp_only_layers)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    torch.manual_seed(seed)
+    config = _llama_defaults(num_key_value_heads=2, head_dim=32, num_hidden_layers=3, num_experts=4,
+                             num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1,
+                             mlp_only_layers=[1], norm_topk_prob=False)
+    config.update(overrides)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**config)).float().eval()
+    _spread_routers(model)
+    with torch.no_grad():  # HF initialises norm weights to 1; make q_norm / k_norm matter
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.normal_(1, 0.2)
+    return _save(model, path, LLAMA_SPECIALS)
+
+
 # Zephyr's template, written over several lines so that trim_blocks / lstrip_blocks matter.
 CHAT_TEMPLATE = """{{ bos_token }}
 {% for message in messages %}

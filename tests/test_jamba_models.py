@@ -11,7 +11,8 @@ from tests.mamba_model_folders import make_jamba_folder
 from tests.state_model_driver import StateModelDriver
 from tests.test_mamba_models import MAX_NEW, hf_greedy, load_ours, random_prompts, run_mixed
 from worker_svc.models.jamba import JambaForCausalLM
-from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe
+from worker_svc.models.gated_mlp import GatedMLP
+from worker_svc.models.sparse_moe import SparseMoe
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def test_layer_plan_and_cache_spec(moe_jamba):
     assert isinstance(model, JambaForCausalLM)
     # period 2: attention on odd layers, MoE on even layers (the Mamba ones) in this config
     assert [l.is_attention for l in model.layers] == [False, True, False, True]
-    assert [type(l.feed_forward) for l in model.layers] == [JambaSparseMoe, JambaMLP] * 2
+    assert [type(l.feed_forward) for l in model.layers] == [SparseMoe, GatedMLP] * 2
     assert model.cache_index == [0, 0, 1, 1]
     spec = model.cache_spec()
     assert (spec.num_attention_layers, spec.num_kv_heads, spec.head_dim) == (2, 2, 16)

@@ -1,5 +1,6 @@
 """End to end, tensor parallel: a group of two real worker processes (gloo over loopback)
-serves as one replica and generates exactly what one worker and transformers generate."""
+serves as one replica and generates exactly what one worker and transformers generate: a dense
+model (Llama, OPT) and a mixture of experts (Mixtral, each expert's features split)."""
 import asyncio
 import contextlib
 import random
@@ -9,8 +10,8 @@ import pytest
 
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
-from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy, wait_until_idle
-from tests.hf_model_folders import make_llama_folder, make_opt_folder
+from tests.e2e_helpers import COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, wait_until_idle
+from tests.hf_model_folders import make_llama_folder, make_mixtral_folder, make_opt_folder
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 LENGTHS = (1, 3, 17, 40)  # decodes next to prefills, the 40-token ones chunked (budget below)
@@ -28,10 +29,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(stack: contextlib.ExitStack, folder: str, tensor_parallel_size: int) -> LocalCluster:
+def _start(stack: contextlib.ExitStack, folder: str, tensor_parallel_size: int,
+           worker_args: list[str] = TEST_WORKER_ARGS) -> LocalCluster:
     """A scheduler with one replica: one worker alone, or a group of tensor_parallel_size."""
     cluster = stack.enter_context(LocalCluster(folder, int(tensor_parallel_size == 1),
-                                               worker_args=TEST_WORKER_ARGS,
+                                               worker_args=worker_args,
                                                scheduler_args=SCHEDULER_ARGS))
     if tensor_parallel_size > 1:
         address = f"tcp://127.0.0.1:{_free_port()}"
@@ -74,6 +76,17 @@ def test_opt_group_of_two_matches_transformers(tmp_path):
     with contextlib.ExitStack() as stack:
         by_group, _ = asyncio.run(_generate(_start(stack, folder, 2), 2, prompts))
     assert by_group == hf_greedy(folder, prompts, GREEDY.max_tokens)
+
+
+def test_mixtral_group_of_two_matches_one_compiled_worker_and_transformers(tmp_path):
+    """Each rank holds half of every expert's intermediate features; the worker alone runs the
+    compiled step (routing inside the graph)."""
+    folder = make_mixtral_folder(str(tmp_path / "mixtral"))
+    prompts = _prompts(12, seed=5)
+    with contextlib.ExitStack() as stack:
+        group, alone = _start(stack, folder, 2), _start(stack, folder, 1, COMPILED_WORKER_ARGS)
+        (by_group, _), (by_one, _) = asyncio.run(_gather(_generate(group, 2, prompts), _generate(alone, 1, prompts)))
+    assert by_group == by_one == hf_greedy(folder, prompts, GREEDY.max_tokens)
 
 
 async def _gather(*coroutines):

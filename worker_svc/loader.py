@@ -17,7 +17,6 @@ from worker_svc import presets
 from worker_svc.byte_tokenizer import byte_tokenizer_json
 from worker_svc.model_config import read_config
 from worker_svc.models import model_class
-from worker_svc.models.layers import Linear
 from worker_svc.parallel import TensorParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -130,19 +129,22 @@ def init_dummy_weights(module: torch.nn.Module, seed: int = 0) -> None:
             continue
         module_name, _, param_name = name.rpartition(".")
         owner = modules[module_name]
-        shape = owner.full_shape(param_name) if isinstance(owner, Linear) else param.shape
+        shardable = hasattr(owner, "full_shape")  # a Linear or stacked experts
+        shape = owner.full_shape(param_name) if shardable else param.shape
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         values = torch.randn(shape, generator=generator, dtype=torch.float32)
-        if isinstance(owner, Linear):
+        if shardable:
             values = _shard_full(owner, param_name, values)
         param.copy_(values.mul_(_DUMMY_STD))
 
 
-def _shard_full(linear: Linear, param_name: str, full: torch.Tensor) -> torch.Tensor:
+def _shard_full(layer: torch.nn.Module, param_name: str, full: torch.Tensor) -> torch.Tensor:
     """full: a parameter as an unsharded layer holds it (q | k | v fused) -> this rank's
-    q_r | k_r | v_r, each part sliced on its own like a checkpoint's q_proj, k_proj, v_proj."""
-    parts = full.split(linear.full_shard_sizes) if linear.full_shard_sizes else (full,)
-    return torch.cat([linear.shard(param_name, part) for part in parts])
+    q_r | k_r | v_r, each part sliced on its own like a checkpoint's q_proj, k_proj, v_proj.
+    A layer without full_shard_sizes (stacked experts) slices its fused parts itself."""
+    sizes = getattr(layer, "full_shard_sizes", ())
+    parts = full.split(sizes) if sizes else (full,)
+    return torch.cat([layer.shard(param_name, part) for part in parts])
 
 
 def _iter_checkpoint(folder: str, load_format: str):

@@ -6,7 +6,9 @@ serves every batch of decodes, prefills and mixes. Token counts are padded to a 
 multiple of 8), which keeps 0- and 1-sized dimensions (which torch specialises on) out of the
 graph; on CPU a dynamic token dimension also selects oneDNN for float32 matmuls, where MKL's
 packed path is what inductor picks for static shapes (3x slower on the AMD CPUs measured). The
-attention and state layers run as opaque custom ops inside the graph (attention.py).
+attention and state layers run as opaque custom ops inside the graph (attention.py), and so do
+the experts of a mixture (models/sparse_moe.py: routing decides which rows each expert takes,
+but not the op's output shape, so routing never recompiles).
 
 Dimensions get a symbol each (no "duck shaping"): otherwise a batch of 256 rows of a
 256-wide hidden state would share one symbol with the weight's in-features and be specialised

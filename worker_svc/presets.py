@@ -3,7 +3,7 @@
 They let every test, benchmark and demo run with no download. `tiny-llama` is the shape the
 peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape; `tiny-qwen3`
 is tiny-llama's size with Qwen3's traits (q/k norms, grouped-query attention, a head_dim of 128
-that is not hidden / heads, tied embeddings).
+that is not hidden / heads, tied embeddings); `tiny-mixtral` is tiny-llama with a mixture of experts.
 """
 from worker_svc.byte_tokenizer import LLAMA_SPECIALS, OPT_SPECIALS
 
@@ -31,6 +31,14 @@ def _qwen3(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, nu
     }
 
 
+def _mixtral(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+             num_experts, top_k, max_positions) -> dict:
+    return {**_llama(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+                     max_positions),
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "num_local_experts": num_experts, "num_experts_per_tok": top_k, "rope_theta": 1_000_000.0}
+
+
 def _opt(vocab_size, hidden_size, ffn_dim, num_layers, num_heads, max_positions) -> dict:
     return {
         "architectures": ["OPTForCausalLM"], "model_type": "opt",
@@ -48,6 +56,9 @@ PRESETS: dict[str, dict] = {
     "tiny-llama": _llama(32000, 256, 688, 4, 4, 4, 2048),
     "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
     "tiny-qwen3": _qwen3(32000, 256, 688, 4, 4, 2, 128, 2048),
+    # tiny-llama's shape with 8 experts of its MLP per layer, 2 per token (Mixtral's ratio),
+    # and grouped-query attention (4 heads over 2 KV heads).
+    "tiny-mixtral": _mixtral(32000, 256, 688, 4, 4, 2, 8, 2, 2048),
     "tiny-opt": _opt(1000, 128, 512, 2, 4, 512),
     "opt-125m": _opt(50272, 768, 3072, 12, 12, 2048),
     "tiny-mamba": {

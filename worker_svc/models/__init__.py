@@ -8,6 +8,7 @@ _ARCHITECTURES = {
     "Qwen3ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "Gemma2ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
+    "MixtralForCausalLM": ("worker_svc.models.mixtral", "MixtralForCausalLM"),
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),

@@ -100,5 +100,13 @@ class CausalLM(nn.Module):
 
     def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
         """A tensor in a layout of the model's own: loads it and returns the name it covered
-        (see load_hf_weights), or None if it is not one."""
+        (see load_hf_weights), or None if it is not one. Here: one expert's projection
+        (`...experts.{e}.gate_proj.weight`) into the stacked experts that hold it."""
+        head, sep, suffix = name.partition(".experts.")
+        try:
+            experts = self.get_submodule(f"{head}.experts") if sep and head else None
+        except AttributeError:  # no such module: an unexpected name
+            return None
+        if hasattr(experts, "load_expert_weight") and experts.load_expert_weight(suffix, tensor):
+            return name
         return None

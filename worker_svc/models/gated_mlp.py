@@ -5,7 +5,7 @@ gelu_pytorch_tanh), named as config.json names it.
 
 gate and up are one fused column-parallel projection (this rank's intermediate features),
 down is row-parallel (one all_reduce). Llama, Mistral and Qwen2 use it as their MLP; Jamba as
-its dense feed-forward (its experts hold the same three projections stacked, jamba_moe.py).
+its dense feed-forward; the experts of sparse_moe.py are the same three projections, stacked.
 """
 import functools
 

@@ -16,10 +16,11 @@ from torch import nn
 
 from worker_svc.forward_context import get_forward_context
 from worker_svc.models.base import CacheSpec, CausalLM
-from worker_svc.models.jamba_moe import JambaMLP, JambaSparseMoe, load_expert_weight
+from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.layers import Embedding, Linear, RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.models.self_attention import SelfAttention
+from worker_svc.models.sparse_moe import SparseMoe
 from worker_svc.parallel import TensorParallel
 
 
@@ -48,10 +49,11 @@ class JambaDecoderLayer(nn.Module):
                                            cache_index)
         else:
             self.mamba = _mamba_mixer(cfg, dtype)
+        # Jamba's experts' kept weights are not renormalised (transformers' JambaSparseMoeBlock).
         self.feed_forward = (
-            JambaSparseMoe(hidden, cfg["intermediate_size"], num_experts,
-                           cfg.get("num_experts_per_tok", 2), dtype)
-            if num_experts > 1 else JambaMLP(hidden, cfg["intermediate_size"], dtype))
+            SparseMoe(hidden, cfg["intermediate_size"], num_experts, cfg.get("num_experts_per_tok", 2),
+                      renormalize=False, dtype=dtype, tp=TensorParallel())
+            if num_experts > 1 else GatedMLP(hidden, cfg["intermediate_size"], False, dtype, TensorParallel()))
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.pre_ff_layernorm = RMSNorm(hidden, eps, dtype)
 
@@ -118,12 +120,5 @@ class JambaForCausalLM(CausalLM):
             h = layer(h, context)
         return self.final_layernorm(h)
 
-    def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
-        """A per-expert checkpoint tensor into the fused experts; the name covered, or None."""
-        head, sep, suffix = name.partition(".feed_forward.experts.")
-        if not sep:
-            return None
-        moe = self.layers[int(head.split(".")[1])].feed_forward
-        if not isinstance(moe, JambaSparseMoe) or not load_expert_weight(moe, suffix, tensor):
-            return None
-        return name
+    def hf_name(self, name: str) -> str:
+        return name.replace(".feed_forward.router.", ".feed_forward.gate.")  # SparseMoe's name

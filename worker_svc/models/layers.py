@@ -128,7 +128,7 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
     every model.
 
     q/k/v and gate/up projections land in their shard of our fused Linear; a tensor of a layout
-    of the model's own (Jamba's per-expert weights) goes to load_special, which returns the
+    of the model's own (one expert's weights, stacked in memory) goes to load_special, which returns the
     name it covered or None. A module that holds such a layout says which names cover each of
     its parameters (checkpoint_names). Every parameter must be covered, so a checkpoint that
     misses one fails loudly instead of running garbage.
@@ -163,7 +163,7 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
             covered.add(special)
             continue
         module = modules.get(name.rsplit(".", 1)[0])
-        if isinstance(module, Linear):
+        if hasattr(module, "shard"):  # a Linear, or stacked experts: this rank's part of a full tensor
             tensor = module.shard(parts[-1], tensor)
         if params[name].shape != tensor.shape:
             raise CheckpointMismatch(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(params[name].shape)}")

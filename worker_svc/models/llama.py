@@ -54,13 +54,14 @@ def _mlp(config: dict, dtype: torch.dtype, tp: TensorParallel) -> GatedMLP:
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int):
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int,
+                 mlp: nn.Module):
         super().__init__()
         eps = config.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
         self.self_attn = attention_from_config(config, dtype, tp, layer_index)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], eps, dtype)
-        self.mlp = _mlp(config, dtype, tp)
+        self.mlp = mlp
 
     def forward(self, h, rotary, positions) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rotary, positions)
@@ -77,7 +78,7 @@ class LlamaForCausalLM(CausalLM):
         self.config = config
         hidden_size = config["hidden_size"]
         self.embed_tokens = Embedding(config["vocab_size"], hidden_size, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, tp, i)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, tp, i, self.feed_forward(config, dtype, tp, i))
                                     for i in range(config["num_hidden_layers"]))
         self.norm = RMSNorm(hidden_size, config.get("rms_norm_eps", 1e-6), dtype)
         self.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
@@ -86,6 +87,10 @@ class LlamaForCausalLM(CausalLM):
         attn = self.layers[0].self_attn
         self.rotary = RotaryEmbedding(attn.head_dim, config.get("max_position_embeddings", 2048),
                                       rope_theta(config), dtype)
+
+    def feed_forward(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int) -> nn.Module:
+        """Layer layer_index's MLP: the gated MLP here; mixtures of experts in subclasses (mixtral.py)."""
+        return _mlp(config, dtype, tp)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]
