@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from protocol.sampling import SamplingParams
-from tests.hf_model_folders import make_mixtral_folder
+from tests.hf_model_folders import make_mixtral_folder, make_qwen3_moe_folder
 from tests.plan_player import PlanPlayer
 from tests.test_models_vs_hf import EVENTS, NUM_NEW_TOKENS, _hf_greedy, _prompts, _runner_greedy
 from worker_svc.loader import load_model
+from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.mixtral import MixtralForCausalLM
 from worker_svc.models.sparse_moe import SparseMoe, moe_experts
 from worker_svc.parallel import TensorParallel
@@ -25,14 +26,26 @@ def mixtral_folder(tmp_path_factory):
     return make_mixtral_folder(str(tmp_path_factory.mktemp("mixtral") / "model"))
 
 
+@pytest.fixture(scope="module")
+def qwen3_moe_folder(tmp_path_factory):
+    return make_qwen3_moe_folder(str(tmp_path_factory.mktemp("qwen3_moe") / "model"))
+
+
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["compiled", "eager"])
-@pytest.mark.parametrize("family", ["mixtral"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_greedy_matches_transformers(request, family, enforce_eager):
     folder = request.getfixturevalue(f"{family}_folder")
     prompts = _prompts(1000)
     expected = _hf_greedy(folder, prompts)
     assert len({tuple(t) for t in expected}) == len(prompts), "degenerate reference"
     assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=enforce_eager) == expected
+
+
+def test_qwen3_moe_layer_plan(qwen3_moe_folder):
+    model = load_model(qwen3_moe_folder, dtype="float32", load_format="dummy").model
+    assert [type(layer.mlp) for layer in model.layers] == [SparseMoe, GatedMLP, SparseMoe]
+    assert model.layers[0].mlp.experts.gate_up_proj.shape == (4, 2 * 48, 64)
+    assert not model.layers[0].mlp.gate.renormalize
 
 
 def test_bfloat16_runs_end_with_full_lengths(mixtral_folder):

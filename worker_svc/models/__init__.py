@@ -9,6 +9,7 @@ _ARCHITECTURES = {
     "Gemma2ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
     "Gemma3ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
     "MixtralForCausalLM": ("worker_svc.models.mixtral", "MixtralForCausalLM"),
+    "Qwen3MoeForCausalLM": ("worker_svc.models.mixtral", "Qwen3MoeForCausalLM"),
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),
