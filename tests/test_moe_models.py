@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from protocol.sampling import SamplingParams
-from tests.hf_model_folders import make_mixtral_folder, make_qwen3_moe_folder
+from tests.hf_model_folders import make_mixtral_folder, make_qwen3_moe_folder, without_sliding_window
 from tests.plan_player import PlanPlayer
 from tests.test_models_vs_hf import EVENTS, NUM_NEW_TOKENS, _hf_greedy, _prompts, _runner_greedy
 from worker_svc.loader import load_model
@@ -39,6 +39,16 @@ def test_greedy_matches_transformers(request, family, enforce_eager):
     expected = _hf_greedy(folder, prompts)
     assert len({tuple(t) for t in expected}) == len(prompts), "degenerate reference"
     assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=enforce_eager) == expected
+
+
+def test_mixtral_with_mistral_sliding_window(tmp_path):
+    """Mixtral's attention is Mistral's: an 8-token window, shorter than most prompts plus their
+    outputs, changes the tokens, and the eager path still equals transformers."""
+    folder = make_mixtral_folder(str(tmp_path / "model"), sliding_window=8)
+    prompts = _prompts(1000)
+    expected = _hf_greedy(folder, prompts)
+    assert expected != _hf_greedy(without_sliding_window(folder, str(tmp_path / "global")), prompts)
+    assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == expected
 
 
 def test_qwen3_moe_layer_plan(qwen3_moe_folder):
