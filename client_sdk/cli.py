@@ -54,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     gateway_args = []
     for flag, value in (("--api-key", args.api_key), ("--served-model-name", args.served_model_name),
-                        ("--max-num-requests", args.max_num_requests)):
+                        ("--max-num-requests", args.max_num_requests), ("--batch-dir", args.batch_dir)):
         if value:
             gateway_args += [flag, str(value)]
     return _run_until_stopped(cluster, lambda: cluster.start_gateway(gateway_args, host=args.host, port=args.port))
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-num-requests", type=int, default=0)
+    serve.add_argument("--batch-dir", default=None,
+                       help="the Batch API's state and files (default: under the user's data directory)")
     serve.add_argument("--frontend", default="tcp://127.0.0.1:*", help="the scheduler's SDK address")
     add_worker_address_flag(serve, "tcp://127.0.0.1:*")
     serve.set_defaults(func=cmd_serve)

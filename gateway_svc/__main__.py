@@ -1,8 +1,9 @@
 """python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000
-[--api-key KEY] [--served-model-name NAME] [--max-num-requests N]
+[--api-key KEY] [--served-model-name NAME] [--max-num-requests N] [--batch-dir DIR]
 [--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ to the scheduler; or the SDK's variables)"""
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -11,7 +12,10 @@ import uvicorn
 
 from protocol import event_loop
 from client_sdk.client import AsyncClient
+from client_sdk.batch import DEFAULT_BATCH_WINDOW
 from gateway_svc.app import create_app
+from gateway_svc.batch_jobs import BatchJobs
+from gateway_svc.batch_store import BatchStore, default_batch_dir
 from gateway_svc.upstream import Upstream
 
 
@@ -31,6 +35,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the scheduler's public certificate (default: $STEPSERVE_CURVE_SERVER_KEY)")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="the gateway's secret certificate, a client's (default: $STEPSERVE_CURVE_SECRET_KEY)")
+    p.add_argument("--batch-dir", default=default_batch_dir(),
+                   help="the Batch API's state and files (default: %(default)s); gateways may share one on a "
+                        "local filesystem: each batch is run by one of them at a time")
+    p.add_argument("--batch-window", type=int, default=DEFAULT_BATCH_WINDOW,
+                   help="a batch's requests in flight at most")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -39,7 +48,9 @@ async def serve(args: argparse.Namespace) -> None:
     client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout, curve_server_key=args.curve_server_key,
                          curve_secret_key=args.curve_secret_key)
     upstream = Upstream(client, args.served_model_name, args.max_num_requests)
-    config = uvicorn.Config(create_app(upstream, args.api_key), host=args.host, port=args.port, loop="none",
+    store = BatchStore(args.batch_dir)
+    jobs = asyncio.ensure_future(BatchJobs(store, upstream, args.batch_window).run_forever())
+    config = uvicorn.Config(create_app(upstream, args.api_key, store), host=args.host, port=args.port, loop="none",
                             http="auto", log_level=args.log_level.lower(), access_log=False,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
@@ -53,6 +64,10 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await serving
     finally:
+        jobs.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await jobs
+        store.close()
         await client.close()
 
 

@@ -1,10 +1,13 @@
-"""The FastAPI application: routes, the API key, /health, /v1/models and /metrics."""
+"""The FastAPI application: routes, the API key, /health, /v1/models and /metrics (the Batch
+API's routes: batch_api)."""
 import hmac
 import time
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
+from gateway_svc.batch_api import add_batch_routes
+from gateway_svc.batch_store import BatchStore
 from gateway_svc.chat import create_chat_completion
 from gateway_svc.completions import create_completion
 from gateway_svc.errors import APIError, from_sdk_error, install_error_handlers, unavailable
@@ -24,7 +27,8 @@ async def _as_api_errors(endpoint):
         raise from_sdk_error(e) from None
 
 
-def create_app(upstream: Upstream, api_key: str | None = None) -> FastAPI:
+def create_app(upstream: Upstream, api_key: str | None = None, batch_store: BatchStore | None = None) -> FastAPI:
+    """batch_store: serve OpenAI's Batch API (/v1/files, /v1/batches) from it."""
     app = FastAPI(title="stepserve gateway", summary="OpenAI-compatible API over a stepserve scheduler")
     install_error_handlers(app)
     started = int(time.time())
@@ -39,6 +43,8 @@ def create_app(upstream: Upstream, api_key: str | None = None) -> FastAPI:
                            type="authentication_error")
 
     keyed = [Depends(require_key)]
+    if batch_store is not None:
+        add_batch_routes(app, batch_store, keyed)
 
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request):

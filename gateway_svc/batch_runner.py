@@ -56,9 +56,9 @@ class _LineInFlight:
 
 class BatchRunner:
     def __init__(self, upstream: Upstream, write: Callable[[dict], None], *, window: int = DEFAULT_BATCH_WINDOW,
-                 min_priority: int = BATCH_PRIORITY, on_line: Callable[[BatchCounts], None] = lambda counts: None):
+                 min_priority: int = BATCH_PRIORITY, on_line: Callable[[BatchCounts, bool], None] = lambda counts, ok: None):
         """write: takes each output line (a dict), in the order they finish. on_line: called
-        after each, with the counts so far (progress bars, the Batch API's request_counts)."""
+        after each, with the counts so far and whether it was answered (progress, metrics)."""
         self.upstream = upstream
         self.counts = BatchCounts()
         self._write = write
@@ -153,4 +153,4 @@ class BatchRunner:
             self.counts.num_completed += 1
         else:
             self.counts.num_failed += 1
-        self._on_line(self.counts)
+        self._on_line(self.counts, ok)

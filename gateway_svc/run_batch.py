@@ -26,7 +26,7 @@ class _Progress:
         self._bar = tqdm(total=total, unit="req", dynamic_ncols=True, file=sys.stderr)
         self._last_postfix = 0.0
 
-    def __call__(self, counts: BatchCounts) -> None:
+    def __call__(self, counts: BatchCounts, ok: bool) -> None:
         self._bar.update(1)
         now = time.monotonic()
         if now - self._last_postfix > 0.5:
@@ -54,7 +54,7 @@ async def run(args: argparse.Namespace, address: str) -> int:
         out = None
         try:
             runner = BatchRunner(upstream, lambda line: out.write(line), window=args.window,
-                                 min_priority=args.priority, on_line=progress or (lambda counts: None))
+                                 min_priority=args.priority, on_line=progress or (lambda counts, ok: None))
             if args.resume:
                 read_finished(args.output_file, runner.mark_done)
             out = OutputFile(args.output_file) if args.resume else _fresh(args.output_file)

@@ -99,3 +99,28 @@ class RequestTimer:
         metrics.request_success.labels(finish_reason).inc()
         metrics.prompt_tokens.inc(num_prompt_tokens)
         metrics.generation_tokens.inc(self.num_generated)
+
+
+class _BatchJobsCollector(Collector):
+    def __init__(self, jobs_by_status: Callable[[], dict[str, int]]):
+        self._jobs_by_status = jobs_by_status
+
+    def collect(self):
+        family = GaugeMetricFamily(PREFIX + "batch_jobs", "Batch API jobs, by status.", labels=["status"])
+        for status, num_jobs in sorted(self._jobs_by_status().items()):
+            family.add_metric([status], num_jobs)
+        yield family
+
+
+class BatchMetrics:
+    """The Batch API's metrics, on the gateway's registry: its batch requests by outcome
+    ("completed": answered with status 200, "failed": an error line), and the jobs of its
+    --batch-dir by status, read at scrape time."""
+
+    def __init__(self, registry: CollectorRegistry, jobs_by_status: Callable[[], dict[str, int]]):
+        self.batch_requests = Counter(PREFIX + "batch_requests", "Batch requests finished, by outcome.",
+                                      ["status"], registry=registry)
+        registry.register(_BatchJobsCollector(jobs_by_status))
+
+    def on_line(self, counts, ok: bool) -> None:
+        self.batch_requests.labels("completed" if ok else "failed").inc()

@@ -57,8 +57,10 @@ def test_only_the_frontend_and_gateway_are_published_and_gpu_profile_reserves_nv
     assert services["gateway"]["ports"] == ["${STEPSERVE_PUBLISH_ADDRESS:-127.0.0.1}:8000:8000"]
     for name in ("scheduler", "worker", "worker-gpu", "gateway"):
         assert services[name]["environment"]["STEPSERVE_CURVE_KEYS"] == "${STEPSERVE_CURVE_KEYS:-}"
-        assert services[name]["volumes"] == ["${STEPSERVE_KEYS_DIR:-./keys}:/keys:ro"]
+        assert services[name]["volumes"][0] == "${STEPSERVE_KEYS_DIR:-./keys}:/keys:ro"
         assert services[name]["stop_grace_period"] == "40s"  # longer than the 30 s drain
+    assert services["gateway"]["volumes"][1] == "batches:/data/batches" and "batches" in compose["volumes"]
+    assert "--batch-dir" in services["gateway"]["command"]
     assert "ports" not in services["worker"]
     assert all("healthcheck" in services[name] for name in ("scheduler", "worker", "worker-gpu", "gateway"))
     assert "profiles" not in services["worker"]

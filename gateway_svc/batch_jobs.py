@@ -1,0 +1,175 @@
+"""BatchJobs: runs the Batch API's batches on this gateway, through the same engine as
+`stepserve run-batch` (batch_runner.BatchRunner), and takes up, after a restart, every batch
+that a gateway left unfinished.
+
+Each batch's output lines are appended, flushed, to its record (work/<id>/output.jsonl): the
+record is what was done, so a gateway killed mid-batch loses only what was in flight, and the
+next one to take the batch resumes it the way `run-batch --resume` does (nothing run twice,
+nothing lost). A batch is taken by holding the flock of work/<id>/lock, so of several gateways
+sharing one --batch-dir (on a local filesystem) exactly one runs it; the lock dies with its
+process. When the record is complete it is split into the output file (answered requests) and
+the error file (error lines), as OpenAI's batches have them. Cancel aborts what is in flight
+and keeps what finished. One batch runs at a time per gateway; its requests are at
+BATCH_PRIORITY at least, so interactive requests go first under the priority policy.
+"""
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import time
+
+import msgspec
+
+from gateway_svc.batch_files import OutputFile, read_finished, read_lines
+from gateway_svc.batch_runner import BatchCounts, BatchRunner
+from gateway_svc.batch_store import BatchStore
+from gateway_svc.upstream import Upstream
+from protocol.client_messages import BATCH_PRIORITY
+from protocol.metrics import BatchMetrics
+
+logger = logging.getLogger("stepserve.batch")
+POLL_S = 0.5  # how often unowned batches are looked for, and a running one's counts and cancel are checked
+
+
+class BatchJobs:
+    def __init__(self, store: BatchStore, upstream: Upstream, window: int):
+        self.store = store
+        self.upstream = upstream
+        self.window = window
+        self.metrics = BatchMetrics(upstream.metrics.registry, store.num_batches_by_status)
+        self._running: asyncio.Task | None = None
+
+    async def run_forever(self) -> None:
+        try:
+            while True:
+                if self._running is None or self._running.done():
+                    self._running = None
+                    for batch_id in self.store.active_batch_ids():
+                        lock = _try_lock(os.path.join(self.store.work_dir(batch_id), "lock"))
+                        if lock is not None:
+                            self._running = asyncio.ensure_future(self._take(batch_id, lock))
+                            break
+                await asyncio.sleep(POLL_S)
+        finally:
+            if self._running is not None:
+                self._running.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._running
+
+    async def _take(self, batch_id: str, lock: int) -> None:
+        try:
+            await self._advance(batch_id)
+        except asyncio.CancelledError:
+            raise  # this gateway is stopping: the batch stays as it is, for the next one
+        except Exception as e:
+            logger.exception("batch %s failed", batch_id)
+            self.store.set_status(batch_id, "failed", errors=_errors("internal_error", f"{type(e).__name__}: {e}"))
+        finally:
+            os.close(lock)  # the flock goes with it
+
+    async def _advance(self, batch_id: str) -> None:
+        """Moves the batch from wherever it stopped to a final status."""
+        batch = self.store.batch(batch_id)
+        status = batch["status"]
+        if status in ("validating", "in_progress") and time.time() > batch["expires_at"]:
+            status = "expired"
+        elif status == "validating":
+            status = self._validate(batch)
+        if status == "in_progress":
+            status = await self._run(batch)
+        if status in ("finalizing", "cancelling", "expired"):
+            final = {"finalizing": "completed", "cancelling": "cancelled", "expired": "expired"}[status]
+            self._finalize(batch_id, final)
+
+    def _validate(self, batch: dict) -> str:
+        path = self.store.file_path(batch["input_file_id"])
+        if not os.path.exists(path):
+            self.store.set_status(batch["id"], "failed", errors=_errors(
+                "file_not_found", f"the input file {batch['input_file_id']} is gone", param="input_file_id"))
+            return "failed"
+        total = sum(1 for line in read_lines(path) if line.strip())
+        self.store.set_counts(batch["id"], total, 0, 0)
+        self.store.set_status(batch["id"], "in_progress", only_from=("validating",))
+        return self.store.status(batch["id"])
+
+    async def _run(self, batch: dict) -> str:
+        """Runs what the record lacks; the status it ended in (finalizing, or cancelling)."""
+        batch_id = batch["id"]
+        record = os.path.join(self.store.work_dir(batch_id), "output.jsonl")
+        before = BatchCounts()
+        out = None
+        runner = BatchRunner(self.upstream, lambda line: out.write(line), window=self.window,
+                             min_priority=BATCH_PRIORITY, on_line=self.metrics.on_line)
+
+        def already_done(output: dict) -> None:
+            runner.mark_done(output)
+            if output.get("error") is None:
+                before.num_completed += 1
+            else:
+                before.num_failed += 1
+
+        read_finished(record, already_done)
+        out = OutputFile(record)
+        total = self.store.batch(batch_id)["request_counts"]["total"]  # as validation counted it
+        work = asyncio.ensure_future(runner.run(read_lines(self.store.file_path(batch["input_file_id"]))))
+        try:
+            while not work.done():
+                await asyncio.wait({work}, timeout=POLL_S)
+                counts = runner.counts
+                self.store.set_counts(batch_id, total, before.num_completed + counts.num_completed,
+                                      before.num_failed + counts.num_failed)
+                if not work.done() and self.store.status(batch_id) == "cancelling":
+                    work.cancel()  # aborts what is in flight; what finished stays in the record
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await work
+                    return "cancelling"
+            work.result()
+        finally:
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+            out.close()
+        if self.store.set_status(batch_id, "finalizing", only_from=("in_progress",)):
+            return "finalizing"
+        return self.store.status(batch_id)  # cancelled just as it ended
+
+    def _finalize(self, batch_id: str, final_status: str) -> None:
+        """Splits the record into the output and error files and ends the batch."""
+        record = os.path.join(self.store.work_dir(batch_id), "output.jsonl")
+        hex_id = batch_id.removeprefix("batch_")
+        ids = {"output": f"file-{hex_id}-output", "error": f"file-{hex_id}-errors"}
+        num_lines = {"output": 0, "error": 0}
+        with open(self.store.file_path(ids["output"]), "wb") as output, \
+                open(self.store.file_path(ids["error"]), "wb") as errors:
+            if os.path.exists(record):
+                with open(record, "rb") as f:
+                    for line in f:
+                        kind = "output" if msgspec.json.decode(line).get("error") is None else "error"
+                        (output if kind == "output" else errors).write(line)
+                        num_lines[kind] += 1
+        file_ids = {}
+        for kind, file_id in ids.items():
+            if num_lines[kind]:
+                self.store.add_file(file_id, f"{batch_id}_{kind}.jsonl", "batch_output")
+                file_ids[kind] = file_id
+            else:
+                os.remove(self.store.file_path(file_id))
+        self.store.set_status(batch_id, final_status, output_file_id=file_ids.get("output"),
+                              error_file_id=file_ids.get("error"))
+
+
+def _try_lock(path: str) -> int | None:
+    """An open descriptor holding the file's exclusive flock, or None when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _errors(code: str, message: str, param: str | None = None) -> dict:
+    return {"object": "list", "data": [{"code": code, "message": message, "param": param, "line": None}]}
