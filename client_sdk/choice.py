@@ -47,7 +47,7 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 class Choice:
     __slots__ = ("index", "params", "codec", "token_ids", "token_logprobs", "finish_reason", "stop_reason",
-                 "error_code", "error_message", "text")
+                 "error_code", "error_message", "text", "prompt_token_logprobs")
 
     def __init__(self, index: int, params: SamplingParams, codec: TextCodec | None, incremental: bool):
         """incremental: detokenize as tokens arrive (streams, stop strings); else once at the end."""
@@ -61,6 +61,7 @@ class Choice:
         self.error_code: str | None = None
         self.error_message: str | None = None
         self.text = CompletionText(codec, params) if codec is not None and incremental else None
+        self.prompt_token_logprobs: list | None = None  # the wire's, prompt tokens 1..n-1
 
     @property
     def finished(self) -> bool:
@@ -78,6 +79,8 @@ class Choice:
             self.finish_reason, self.error_code, self.error_message = "error", output.error_code, output.error_message
             return [], None
         new_ids, new_logprobs, finish_reason = output.new_token_ids, output.logprobs, output.finish_reason
+        if output.prompt_logprobs is not None:
+            self.prompt_token_logprobs = output.prompt_logprobs
         if self.text is not None:
             num_kept = self.text.push(new_ids)
             if num_kept is not None:

@@ -23,7 +23,7 @@ from client_sdk.choice import Choice, choice_params, params_per_prompt, validate
 from client_sdk.connection import MONITORED_EVENTS, ConnectionState
 from client_sdk.deadlines import Deadlines
 from client_sdk.errors import ChatTemplateError, ServiceError, request_failure
-from client_sdk.outputs import RequestOutput, StreamDelta
+from client_sdk.outputs import prompt_logprobs, RequestOutput, StreamDelta
 from client_sdk.tokenizer import TextCodec
 from protocol.client_messages import (Abort, ErrorReply, Generate, GenerateRequest, Health, HealthQuery,
                                       ModelInfo, ModelInfoQuery, RequestOutputs)
@@ -493,7 +493,10 @@ class AsyncClient:
     def _request_output(self, entry: PromptInFlight) -> RequestOutput:
         for choice in entry.choices:
             choice.codec = self._codec
-        return RequestOutput(entry.request_id, entry.prompt, entry.prompt_ids, [c.output() for c in entry.choices])
+        first = entry.choices[0]
+        return RequestOutput(entry.request_id, entry.prompt, entry.prompt_ids, [c.output() for c in entry.choices],
+                             prompt_logprobs=prompt_logprobs(first.prompt_token_logprobs, self._codec),
+                             prompt_token_logprobs=first.prompt_token_logprobs)
 
     def _ask_soon(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

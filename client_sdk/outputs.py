@@ -51,7 +51,10 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
-    prompt_logprobs: None = None  # not computed; here so vLLM code that reads it runs
+    # SamplingParams.prompt_logprobs, vLLM's shape: per prompt token, None for the first, then
+    # token id -> Logprob (the prompt token's and the top K); None when not asked.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_token_logprobs: list[TokenLogprobs] | None = None  # the same as they came over the wire
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -116,6 +119,13 @@ def vllm_logprobs(steps: list[TokenLogprobs], decode_each) -> list[dict[int, Log
             candidates = {step.token_id: Logprob(step.logprob, None, text_of.get(step.token_id)), **candidates}
         out.append(candidates)
     return out
+
+
+def prompt_logprobs(entries: list[TokenLogprobs] | None, codec) -> list[dict[int, Logprob] | None] | None:
+    """The wire's prompt logprobs (tokens 1..n-1) in vLLM's shape, None first."""
+    if entries is None:
+        return None
+    return [None, *vllm_logprobs(entries, codec.decode_each if codec is not None else None)]
 
 
 @dataclass

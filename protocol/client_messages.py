@@ -72,6 +72,9 @@ class RequestOutput(msgspec.Struct, array_like=True, gc=False):
     logprobs: list[TokenLogprobs] | None = None
     error_code: str | None = None
     error_message: str | None = None
+    # SamplingParams.prompt_logprobs: prompt tokens 1..n-1 (the first has none), once, on the
+    # request's first output that carries a token (its only output unless it streams).
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 class RequestOutputs(Message, tag=True):

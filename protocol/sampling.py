@@ -93,6 +93,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
                          msgspec.Meta(max_length=MAX_BAD_WORDS)] = []
     allowed_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's: per prompt token (after the first) its logprob given what precedes it, plus the top K.
+    prompt_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)] | None = None
 
     def __post_init__(self):
         if self.min_tokens > self.max_tokens:

@@ -65,6 +65,9 @@ class StepResult(Message, tag=True):
     # Requests that failed alone (index in the plan's order -> why; their token is -1): a bad
     # request parameter only the worker can judge (a grammar that does not compile).
     request_errors: dict[int, str] = {}
+    # SamplingParams.prompt_logprobs of the prompt tokens this step's chunk scored: index in the
+    # plan's order -> (index in the prompt of the first token scored, one entry per token).
+    prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = {}
     busy_s: float = 0.0  # the worker's time executing the plan (inputs, forward, sampling)
 
 

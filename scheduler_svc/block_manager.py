@@ -80,8 +80,9 @@ class BlockManager:
 
     def find_cached_prefix(self, request: Request) -> CachedPrefix:
         """The longest run of the request's leading full blocks whose KV the cache holds.
-        O(blocks found + 1); takes no reference, so it may be asked again next step."""
-        if not self.enable_prefix_caching:
+        O(blocks found + 1); takes no reference, so it may be asked again next step. A request
+        asking for prompt logprobs finds none: cached blocks hold KV, not the logits it needs."""
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return NO_PREFIX
         block_size, num_tokens = self.block_size, request.num_tokens
         block_ids = []

@@ -31,7 +31,7 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "client", "stream",
                  "output_token_ids", "output_logprobs", "num_computed_tokens", "status",
                  "block_ids", "num_blocks_sent", "arrival", "block_hashes",
-                 "num_cached_blocks", "num_inflight_tokens", "num_output_placeholders")
+                 "num_cached_blocks", "num_inflight_tokens", "num_output_placeholders", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  priority: int = 0, client=None, stream: bool = False):
@@ -43,6 +43,8 @@ class Request:
         self.stream = stream  # opaque likewise
         self.output_token_ids: list[int] = []
         self.output_logprobs: list | None = [] if params.logprobs is not None else None
+        # SamplingParams.prompt_logprobs: entries of prompt tokens 1, 2, ... as chunks score them.
+        self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
         # Tokens whose KV the worker has computed; the next step computes from here.
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING  # a finished status says why (finish_reason)
@@ -92,6 +94,12 @@ class Request:
     def finish_reason(self) -> str | None:
         """Why it ended ("stop", "length", "abort", "error"), or None while live."""
         return _FINISH_REASON.get(self.status)
+
+    def add_prompt_logprobs(self, first_scored: int, entries: list) -> None:
+        """A chunk's entries from prompt index first_scored; those held already (a prompt scored
+        again after a recompute preemption) are skipped."""
+        have = len(self.prompt_logprobs) + 1  # the next prompt index without an entry
+        self.prompt_logprobs.extend(entries[have - first_scored:] if have >= first_scored else [])
 
     def mark_finished(self, reason: str) -> None:
         """Records why it ended; whoever holds it frees what it holds (Scheduler._finish, or

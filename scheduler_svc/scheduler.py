@@ -358,6 +358,8 @@ class Scheduler:
             if failed:
                 updates.append(self._finish(request, "error"))
                 continue
+            if i in result.prompt_logprobs and request.prompt_logprobs is not None:
+                request.add_prompt_logprobs(*result.prompt_logprobs[i])
             status = request.status
             if status != WAITING:  # running, or swapped out since with this KV on board
                 request.num_computed_tokens += num_new

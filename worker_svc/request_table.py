@@ -70,6 +70,7 @@ class RequestTable:
             resized(name, (num_rows,), np.int64)
         resized("seed", (num_rows,), np.int64, -1)
         resized("num_logprobs", (num_rows,), np.int64, -1)
+        resized("num_prompt_logprobs", (num_rows,), np.int64, -1)
         for name in ("temperature", "top_p", "min_p"):
             resized(name, (num_rows,), np.float32)
         self._free_rows += range(num_rows - 1, self.num_rows - 1, -1)
@@ -98,6 +99,7 @@ class RequestTable:
         self.top_p[row], self.min_p[row] = p.top_p, p.min_p
         self.seed[row] = -1 if p.seed is None else p.seed
         self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
+        self.num_prompt_logprobs[row] = -1 if p.prompt_logprobs is None else p.prompt_logprobs
         self.min_tokens[row] = p.min_tokens
         if p.min_tokens:
             self.stop_ids[row] = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)

@@ -30,6 +30,7 @@ from worker_svc.model_executor import ModelExecutor
 from worker_svc.models.base import ModelCaches
 from worker_svc.models.state_layout import StateLayout
 from worker_svc.parallel import TensorParallel, init_process_group
+from worker_svc.prompt_logprobs import score_prompts
 from worker_svc.request_table import RequestTable, StepInputs
 from worker_svc.runner_config import RunnerConfig
 from worker_svc.sampler import sample
@@ -171,6 +172,7 @@ class ModelRunner:
         if sampled.any():
             logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
             tokens, logprobs, errors = self._sample(hidden[logits_indices], rows[sampled])
+        prompt_logprobs = self._score_prompts(hidden, rows, query_lens, order)
         got_token = tokens >= 0  # a request that failed alone (its grammar) gets none
         self.requests.advance(rows, query_lens, rows[sampled][got_token], tokens[got_token])
         out = np.full(len(rows), -1, dtype=np.int64)
@@ -182,7 +184,17 @@ class ModelRunner:
             logprobs = aligned
         request_errors = {int(order[sampled][i]): reason for i, reason in errors.items()}
         return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs,
-                          request_errors=request_errors)
+                          request_errors=request_errors, prompt_logprobs=prompt_logprobs)
+
+    def _score_prompts(self, hidden: torch.Tensor, rows: np.ndarray, query_lens: np.ndarray, order: np.ndarray):
+        """Prompt logprobs of this step's prompt chunks (rank 0 answers), keyed by plan index."""
+        table = self.requests
+        num_logprobs = table.num_prompt_logprobs[rows]
+        if not self.tp.is_driver or not (num_logprobs >= 0).any():
+            return {}
+        scored = score_prompts(self.executor.logits, hidden, table.token_ids, rows, table.num_prompt[rows],
+                               table.num_computed[rows], query_lens, num_logprobs)
+        return {int(order[j]): chunk for j, chunk in scored.items()}
 
     def _prepare(self, rows: np.ndarray, query_lens: np.ndarray) -> tuple[StepInputs, ForwardContext]:
         """The step's inputs (numpy) and forward context (metadata tensors), decodes first."""
