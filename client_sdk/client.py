@@ -353,7 +353,7 @@ class AsyncClient:
                         self._abort_soon([choice_ids[index]])
                 text = choice.text.take_delta(choice.finished) if choice.text is not None else None
                 yield StreamDelta(request_id, new_ids, text, choice.finish_reason, output.num_prompt_tokens,
-                                  new_logprobs, index, choice.stop_reason)
+                                  new_logprobs, index, choice.stop_reason, output.prompt_logprobs)
         finally:
             self._forget(request_id, choice_ids)
             unfinished = [choice_ids[c.index] for c in choices if not c.finished]

@@ -138,3 +138,4 @@ class StreamDelta:
     logprobs: list[TokenLogprobs] | None = field(default=None)
     index: int = 0  # which of the n choices
     stop_reason: str | int | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # once, on a choice's first delta with a token

@@ -71,6 +71,7 @@ class GatheredChoice:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list | None = None
 
     @property
     def text(self) -> str:
@@ -88,6 +89,8 @@ async def gather_choices(deltas: AsyncIterator[tuple[int, StreamDelta]], num_cho
             choice.text_parts.append(delta.text)
         if delta.logprobs:
             choice.logprobs += delta.logprobs
+        if delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = delta.prompt_logprobs
         if delta.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
     return choices

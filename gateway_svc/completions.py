@@ -3,7 +3,8 @@ from fastapi import Request
 
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
-from gateway_svc.logprobs import completion_logprobs
+from gateway_svc.choices import GatheredChoice
+from gateway_svc.logprobs import completion_logprobs, echo_logprobs
 from gateway_svc.openai_requests import CompletionRequest, decode_body, refuse_unsupported, sampling_params
 from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id, serve
 from gateway_svc.upstream import Upstream
@@ -25,9 +26,13 @@ def prompt_list(prompt) -> list[str | list[int]]:
 
 
 class CompletionFormatter(Formatter):
-    def __init__(self, req: CompletionRequest, codec: TextCodec | None):
+    def __init__(self, req: CompletionRequest, codec: TextCodec | None, prompt_texts: list[str] = ()):
         self.req, self.codec = req, codec
         self._text_offsets: dict[int, int] = {}  # per streamed choice: where its next token's text starts
+        self.prompt_texts = list(prompt_texts)  # echo: each prompt's text, as given or decoded
+        # max_tokens 0 with echo scores the prompt: one token is computed (the prompt's last
+        # position must be sampled to end the request) and dropped here.
+        self.score_only = req.echo and req.max_tokens == 0
 
     def _choice(self, job: Job, index: int, text: str, token_ids, logprobs, finish_reason, stop_reason,
                 with_prompt_ids: bool) -> dict:
@@ -59,9 +64,29 @@ class CompletionFormatter(Formatter):
         return {**self._envelope(job, []), "usage": usage}
 
     def body(self, job: Job, choices, usage: dict) -> dict:
-        return {**self._envelope(job, [self._choice(job, i, c.text, c.token_ids, c.logprobs, c.finish_reason,
-                                                    c.stop_reason, True) for i, c in enumerate(choices)]),
-                "usage": usage}
+        if self.score_only:
+            choices = [GatheredChoice(finish_reason="length", prompt_logprobs=c.prompt_logprobs) for c in choices]
+            usage = job.usage(0)
+        formatted = [self._choice(job, i, c.text, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason, True)
+                     for i, c in enumerate(choices)]
+        if self.req.echo:
+            for i, (choice, gathered) in enumerate(zip(formatted, choices)):
+                self._echo(choice, job.prompts[i // job.params[0].n], self.prompt_texts[i // job.params[0].n],
+                           gathered.prompt_logprobs)
+        return {**self._envelope(job, formatted), "usage": usage}
+
+    def _echo(self, choice: dict, prompt_ids: list[int], prompt_text: str, prompt_logprobs) -> None:
+        """The prompt's text first and, with logprobs, its tokens' logprobs first (OpenAI's echo)."""
+        choice["text"] = prompt_text + choice["text"]
+        if self.req.logprobs is None:
+            return
+        echoed = echo_logprobs(self.codec, prompt_ids, prompt_logprobs)
+        generated = choice["logprobs"]
+        if generated is not None:
+            shift = len(prompt_text)
+            generated["text_offset"] = [offset + shift for offset in generated["text_offset"]]
+            echoed = {key: echoed[key] + generated[key] for key in echoed}
+        choice["logprobs"] = echoed
 
 
 async def create_completion(request: Request, upstream: Upstream):
@@ -82,9 +107,15 @@ async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Completi
     ids = [codec.encode(p) if isinstance(p, str) else p for p in prompts]
     for prompt_ids in ids:
         check_token_ids(info, prompt_ids)
-    params = [sampling_params(req, max_tokens_for(info, len(p), req.max_tokens), req.logprobs) for p in ids]
+    prompt_logprobs = req.logprobs if req.echo else None
+    max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens  # scoring: CompletionFormatter
+    params = [sampling_params(req, max_tokens_for(info, len(p), max_tokens), req.logprobs, prompt_logprobs)
+              for p in ids]
     if params[0].stop and codec is None:
         raise bad_request("stop strings need the model's tokenizer", "no_tokenizer", param="stop")
     job = Job(new_id("cmpl"), upstream.name_of(info), ids, params, req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
-    return job, CompletionFormatter(req, codec)
+    prompt_texts = [p if isinstance(p, str) else codec.decode(p) for p in prompts] if req.echo and codec else []
+    if req.echo and codec is None:
+        raise bad_request("echo needs the model's tokenizer", "no_tokenizer", param="echo")
+    return job, CompletionFormatter(req, codec, prompt_texts)

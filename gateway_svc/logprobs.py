@@ -26,6 +26,14 @@ def completion_logprobs(codec: TextCodec, steps: list[TokenLogprobs], text_offse
             "text_offset": offsets}
 
 
+def echo_logprobs(codec: TextCodec, prompt_ids: list[int], entries: list[TokenLogprobs] | None) -> dict:
+    """The prompt's part of completions logprobs (echo): null for the first token, as OpenAI's."""
+    first = codec.decode_each(prompt_ids[:1])[0]
+    scored = completion_logprobs(codec, entries or [], len(first))
+    return {"tokens": [first, *scored["tokens"]], "token_logprobs": [None, *scored["token_logprobs"]],
+            "top_logprobs": [None, *scored["top_logprobs"]], "text_offset": [0, *scored["text_offset"]]}
+
+
 def chat_logprobs(codec: TextCodec, steps: list[TokenLogprobs]) -> dict:
     text = _texts(codec, steps)
 

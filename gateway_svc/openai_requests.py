@@ -1,8 +1,8 @@
 """Request bodies of OpenAI's API (with vLLM's extras), decoded and validated with msgspec, and
 their sampling fields turned into the SDK's SamplingParams (which owns the value ranges).
 
-Unknown fields are ignored, as vLLM does; fields we cannot honour (echo, suffix, tools) are
-refused with a 400 rather than silently dropped.
+Unknown fields are ignored, as vLLM does; fields we cannot honour (suffix, tools, a streamed
+echo) are refused with a 400 rather than silently dropped.
 """
 from typing import Any
 
@@ -79,8 +79,10 @@ def decode_body(body: bytes, kind: type):
 
 def refuse_unsupported(req: _SamplingFields) -> None:
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise bad_request("echo is not supported", param="echo")
+        if req.echo and req.stream:
+            raise bad_request("echo is not supported with stream", param="echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise bad_request("max_tokens 0 scores the prompt: it needs echo", param="max_tokens")
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of not in (None, req.n):
@@ -120,9 +122,11 @@ def structured_outputs(req: _SamplingFields) -> dict[str, Any] | None:
                       param="response_format")
 
 
-def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None) -> SamplingParams:
+def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's sampling; a 400 that names the field when a value is out of range."""
     fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
+                              "prompt_logprobs": prompt_logprobs,
                               "seed": req.seed, "ignore_eos": req.ignore_eos, "logprobs": num_logprobs,
                               "include_stop_str_in_output": req.include_stop_str_in_output}
     for name in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty",

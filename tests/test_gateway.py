@@ -205,6 +205,32 @@ def test_structured_outputs_with_openai_and_vllm_fields(api, cluster):
     assert api.completions.create(model=MODEL, prompt="still serving", max_tokens=2).choices
 
 
+def test_echo_with_logprobs_scores_the_prompt_in_openai_shape(api, chat_folder):
+    """lm-evaluation-harness's scoring call: echo, logprobs, max_tokens 0; equal to log_softmax of
+    transformers' logits on the prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    prompt = PROMPTS[5]
+    r = api.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=2, temperature=0.0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(prompt) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert r.choices[0].text == "".join(lp.tokens) and lp.text_offset[1] == len(lp.tokens[0])
+    assert r.usage.completion_tokens == 0 and r.choices[0].finish_reason == "length"
+    model = AutoModelForCausalLM.from_pretrained(chat_folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    for position in range(1, len(prompt)):
+        assert abs(lp.token_logprobs[position] - expected[position - 1, prompt[position]].item()) < 1e-4
+        assert len(lp.top_logprobs[position]) in (2, 3)  # the top 2, and the prompt's token if not among them
+    generated = api.completions.create(model=MODEL, prompt="hello", max_tokens=3, echo=True, logprobs=1, **GREEDY)
+    choice = generated.choices[0]
+    assert choice.text.startswith("hello") and len(choice.logprobs.tokens) == 5 + 3
+    assert choice.logprobs.token_logprobs[0] is None and None not in choice.logprobs.token_logprobs[1:]
+    assert choice.logprobs.text_offset == sorted(choice.logprobs.text_offset)
+    status, text = post_json(api.base_url.__str__() + "completions", {"prompt": "x", "max_tokens": 0})
+    assert status == 400 and "echo" in text
+
+
 def test_models_and_health(api, cluster):
     assert [m.id for m in api.models.list().data] == [MODEL]
     status, body = curl(cluster.base_url + "/health")
