@@ -9,7 +9,8 @@ structured one's grammar compiles then); then they take turns, one decode step o
 each (A B A B: a noisy host hurts both alike), and the medians are reported: the whole step,
 and for the structured runner its split: mask (the matchers filling the bitmask), apply
 (the bitmask applied to the logits), rest (everything else: the forward, the LM head as full
-logits, the sampler, bookkeeping). --compare-engines also times xgrammar and llguidance on this
+logits, the sampler, bookkeeping). unconstrained_hooks_us: what a step of unconstrained rows
+pays for the new per-request sampler state (the hooks alone, timed in a loop). --compare-engines also times xgrammar and llguidance on this
 model's tokenizer: the schema's compilation and one mask fill of `batch` matchers.
 """
 import argparse
@@ -79,6 +80,24 @@ class _Mode:
             self.samples[key].append(value)
 
 
+def unconstrained_hooks_us(runner: ModelRunner, num_rows: int) -> float:
+    """What a step of unconstrained rows pays for the sampler's per-request state (penalties,
+    bias, grammars, prompt logprobs): the hooks the step calls, in microseconds per step."""
+    table = runner.requests
+    rows = np.array(list(table.row_of.values())[:num_rows])
+    tokens = np.zeros(len(rows), dtype=np.int64)
+    query_lens = np.ones(len(rows), dtype=np.int64)
+    num_calls = 2000
+    start = time.perf_counter()
+    for _ in range(num_calls):
+        table.logits_processors.for_step(rows, table.generated_token_ids)
+        table.structured_outputs.for_step(rows)
+        table.logits_processors.on_sampled(rows, tokens)
+        table.structured_outputs.on_sampled(rows, tokens)
+        runner._score_prompts(None, rows, query_lens, np.arange(len(rows)))
+    return (time.perf_counter() - start) / num_calls * 1e6
+
+
 def compare_engines(runner: ModelRunner, batch: int) -> dict:
     """Compilation of SCHEMA and one bitmask fill of `batch` fresh matchers (after '[1,'), per engine."""
     import llguidance
@@ -145,7 +164,8 @@ def main(argv=None) -> None:
     report = {"benchmark": "structured_outputs", "model": args.model, "dtype": args.dtype, "batch": args.batch,
               "steps": args.steps, "compiled": modes["unconstrained"].runner.executor.compiled, "cpu": cpu_summary(),
               "step_ms": medians,
-              "slowdown": round(medians["structured"]["step"] / medians["unconstrained"]["step"], 3)}
+              "slowdown": round(medians["structured"]["step"] / medians["unconstrained"]["step"], 3),
+              "unconstrained_hooks_us": round(unconstrained_hooks_us(modes["unconstrained"].runner, args.batch), 2)}
     if args.compare_engines:
         report["engines"] = compare_engines(modes["structured"].runner, args.batch)
     if args.json:
@@ -153,7 +173,8 @@ def main(argv=None) -> None:
     else:
         for name, values in medians.items():
             print(f"{name:>14}: " + "  ".join(f"{k} {v:.2f} ms" for k, v in values.items()))
-        print(f"slowdown {report['slowdown']}x  ({report['cpu']})")
+        print(f"slowdown {report['slowdown']}x; unconstrained rows' hooks {report['unconstrained_hooks_us']} us/step "
+              f"({report['cpu']})")
         if "engines" in report:
             print(report["engines"])
 

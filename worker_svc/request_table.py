@@ -51,6 +51,7 @@ class RequestTable:
         self.max_blocks = num_blocks_for_tokens(max_model_len, block_size)
         self.row_of: dict[str, int] = {}
         self.stop_ids: dict[int, list[int]] = {}  # row -> tokens banned before min_tokens
+        self.scoring_rows: set[int] = set()  # rows asking for prompt logprobs
         self._free_rows: list[int] = []
         self.num_rows = 0
         self._grow(num_rows)
@@ -100,6 +101,8 @@ class RequestTable:
         self.seed[row] = -1 if p.seed is None else p.seed
         self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
         self.num_prompt_logprobs[row] = -1 if p.prompt_logprobs is None else p.prompt_logprobs
+        if p.prompt_logprobs is not None:
+            self.scoring_rows.add(row)
         self.min_tokens[row] = p.min_tokens
         if p.min_tokens:
             self.stop_ids[row] = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
@@ -116,6 +119,7 @@ class RequestTable:
         row = self.row_of.pop(request_id, None)
         if row is not None:
             self.stop_ids.pop(row, None)
+            self.scoring_rows.discard(row)
             self.logits_processors.remove(row)
             self.structured_outputs.remove(row)
             self._free_rows.append(row)

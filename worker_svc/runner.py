@@ -189,9 +189,9 @@ class ModelRunner:
     def _score_prompts(self, hidden: torch.Tensor, rows: np.ndarray, query_lens: np.ndarray, order: np.ndarray):
         """Prompt logprobs of this step's prompt chunks (rank 0 answers), keyed by plan index."""
         table = self.requests
-        num_logprobs = table.num_prompt_logprobs[rows]
-        if not self.tp.is_driver or not (num_logprobs >= 0).any():
+        if not table.scoring_rows or not self.tp.is_driver:
             return {}
+        num_logprobs = table.num_prompt_logprobs[rows]
         scored = score_prompts(self.executor.logits, hidden, table.token_ids, rows, table.num_prompt[rows],
                                table.num_computed[rows], query_lens, num_logprobs)
         return {int(order[j]): chunk for j, chunk in scored.items()}
