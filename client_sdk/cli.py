@@ -121,7 +121,6 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
 
 def add_worker_address_flag(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--worker-address", default=default, help="the scheduler's address for its workers")
-    p.add_argument("--workers-address", dest="deprecated_workers_address", default=None, help=argparse.SUPPRESS)
 
 
 def main(argv=None) -> int:
@@ -206,9 +205,6 @@ def main(argv=None) -> int:
     serving.set_defaults(func=lambda a: asyncio.run(run_serving(a)))
 
     args = parser.parse_args(argv)
-    if getattr(args, "deprecated_workers_address", None) is not None:
-        print("warning: --workers-address is deprecated: use --worker-address", file=sys.stderr)
-        args.worker_address = args.deprecated_workers_address
     try:
         return args.func(args)
     except MissingExtra as e:  # a client-only install asked to run a worker or a gateway

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import weakref
 
 from client_sdk.child_processes import spawn, stop_all
@@ -59,14 +58,10 @@ class LocalCluster:
     def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
                  worker_address: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
-                 curve_keys: str | None = None, workers: str | None = None, announce: bool = False):
+                 curve_keys: str | None = None, announce: bool = False):
         """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes;
-        worker_address: where the scheduler listens for them (workers=: its old name);
+        worker_address: where the scheduler listens for them;
         announce: say on stderr what start() is doing (the CLI and LLM do)."""
-        if workers is not None:
-            warnings.warn("LocalCluster(workers=ADDRESS) is deprecated: use worker_address=ADDRESS",
-                          DeprecationWarning, stacklevel=2)
-            worker_address = workers
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model = model
@@ -88,12 +83,6 @@ class LocalCluster:
         self.curve_keys = curve_keys or os.environ.get(KEYS_DIR_ENV) or None
         self._processes: list[subprocess.Popen] = []  # every one started, for the finalizer
         self._finalizer = weakref.finalize(self, stop_all, self._processes)
-
-    @property
-    def workers_address(self) -> str:
-        """Deprecated: worker_address."""
-        warnings.warn("LocalCluster.workers_address is deprecated: use worker_address", DeprecationWarning, stacklevel=2)
-        return self.worker_address
 
     def _key(self, name: str) -> str:
         return os.path.join(self.curve_keys, name)

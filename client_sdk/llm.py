@@ -8,7 +8,6 @@ RequestOutput objects (`outputs[0].outputs[0].text`), and `chat(messages, sampli
 import itertools
 import os
 import random
-import warnings
 
 import msgspec
 
@@ -26,7 +25,7 @@ class LLM:
     `generate` and `chat` from them until `close()` (or the end of a `with`).
 
     seed: like vLLM's, makes sampling reproducible run to run: each request without a seed
-    of its own gets one drawn from it. num_workers: the old name of data_parallel_size.
+    of its own gets one drawn from it.
 
     curve_server_key / curve_secret_key (or their environment variables, or $STEPSERVE_CURVE_KEYS):
     CurveZMQ on every link of the local cluster, with the keys of `stepserve keys generate DIR`
@@ -34,7 +33,7 @@ class LLM:
     taken from the same DIR). Its processes die with this one, however it ends.
     """
 
-    def __init__(self, model: str = "tiny-llama", num_workers: int | None = None, *,
+    def __init__(self, model: str = "tiny-llama", *,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, dtype: str | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
@@ -45,10 +44,6 @@ class LLM:
                  compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
                  curve_server_key: str | None = None, curve_secret_key: str | None = None):
-        if num_workers is not None:
-            warnings.warn("LLM(num_workers=...) is deprecated: use data_parallel_size (vLLM's name)",
-                          DeprecationWarning, stacklevel=2)
-            data_parallel_size = num_workers
         own_scheduler_args, own_worker_args = child_args(
             dtype=dtype, load_format=load_format, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, swap_space_gb=swap_space, device=device,
@@ -75,16 +70,12 @@ class LLM:
             raise
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool = True, window: int | None = None, priority: int | list[int] = 0,
-                 params: SamplingParams | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, window: int | None = None, priority: int | list[int] = 0
+                 ) -> list[RequestOutput]:
         """prompts: a string, token ids, {"prompt": ...} / {"prompt_token_ids": ...}, or any
         iterable of those (read lazily); one RequestOutput per prompt, in order. priority: one
         for all or one per prompt (vLLM's convention: lower is served first, under the
-        scheduler's priority policy). params: the old name of sampling_params."""
-        if params is not None:
-            warnings.warn("generate(params=...) is deprecated: use sampling_params (vLLM's name)",
-                          DeprecationWarning, stacklevel=2)
-            sampling_params = params
+        scheduler's priority policy)."""
         if _is_one_prompt(prompts):
             prompts = [prompts]
         if isinstance(prompts, (list, tuple)):

@@ -1,10 +1,5 @@
 """What the SDK hands back: vLLM's shapes (RequestOutput holding CompletionOutput per choice),
-or one streamed delta.
-
-RequestOutput once was a single completion with token_ids, text, finish_reason and logprobs
-of its own: those still read, from outputs[0], with a DeprecationWarning.
-"""
-import warnings
+or one streamed delta."""
 from dataclasses import dataclass, field
 
 from client_sdk.errors import request_failure
@@ -81,30 +76,6 @@ class RequestOutput:
         if failed is not None:
             raise request_failure(self.request_id, failed.error_code or "error", failed.error_message or "")
         return self
-
-    # ---- the old single-completion shape, deprecated -------------------------------
-
-    def _first(self, name: str):
-        warnings.warn(f"RequestOutput.{name} is deprecated: read outputs[0].{name} (vLLM's shape)",
-                      DeprecationWarning, stacklevel=3)
-        return self.outputs[0]
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self._first("token_ids").token_ids
-
-    @property
-    def text(self) -> str | None:
-        return self._first("text").text
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self._first("finish_reason").finish_reason
-
-    @property
-    def logprobs(self) -> list[TokenLogprobs] | None:
-        """The old shape: outputs[0].token_logprobs."""
-        return self._first("token_logprobs").token_logprobs
 
 
 def vllm_logprobs(steps: list[TokenLogprobs], decode_each) -> list[dict[int, Logprob]]:

@@ -19,8 +19,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scheduler_svc", description="stepserve scheduler")
     p.add_argument("--frontend", default="tcp://127.0.0.1:5555", help="address clients connect to")
     p.add_argument("--worker-address", default="tcp://127.0.0.1:5556", help="address workers connect to")
-    # The old name, deprecated: `stepserve --workers N` is a count of replicas.
-    p.add_argument("--workers", dest="deprecated_workers", default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=16)
@@ -50,12 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: how long queued and running requests may take to finish before they fail")
     p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    if args.deprecated_workers is not None:
-        print("warning: python -m scheduler_svc --workers ADDRESS is deprecated: use --worker-address ADDRESS",
-              file=sys.stderr)
-        args.worker_address = args.deprecated_workers
-    return args
+    return p.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> None:

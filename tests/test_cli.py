@@ -41,7 +41,7 @@ def test_generate_prints_a_completion():
 def test_up_serves_until_ctrl_c_then_stops_everything():
     frontend, workers = free_port(), free_port()
     proc = subprocess.Popen([*STEPSERVE, "up", *SMALL, "--frontend", f"tcp://127.0.0.1:{frontend}",
-                             "--workers-address", f"tcp://127.0.0.1:{workers}"],
+                             "--worker-address", f"tcp://127.0.0.1:{workers}"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         for line in proc.stdout:
@@ -49,7 +49,7 @@ def test_up_serves_until_ctrl_c_then_stops_everything():
                 break
         with Client(f"tcp://127.0.0.1:{frontend}", timeout_s=60) as client:
             out = client.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-            assert len(out.token_ids) == 3
+            assert len(out.outputs[0].token_ids) == 3
         assert pids(f"scheduler_svc .*127.0.0.1:{workers}") and pids(f"worker_svc .*127.0.0.1:{workers}")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

@@ -49,7 +49,7 @@ async def run_mode(folder: str, async_scheduling: bool, prompts, params) -> tupl
                 return [d async for d in client.stream(prompt, p)]
 
             streams = await asyncio.gather(*(streamed(p, sp) for p, sp in zip(prompts, params)))
-            finals = await client.generate_batch(prompts, params)
+            finals = [o.outputs[0] for o in await client.generate_batch(prompts, params)]
             health = await wait_until_idle(client)
             assert health.num_free_blocks == health.num_total_blocks
             (replica,) = health.replicas

@@ -41,7 +41,7 @@ async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(
         server_key = os.path.join(keys, "scheduler.key")
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSERVE_CURVE")}
         # Loads its model (seconds) while the clients below are refused.
-        worker = subprocess.Popen([sys.executable, "-m", "worker_svc", "--scheduler", cluster.workers_address,
+        worker = subprocess.Popen([sys.executable, "-m", "worker_svc", "--scheduler", cluster.worker_address,
                                    "--model", "micro-llama", *WORKER_ARGS, "--curve-server-key", server_key,
                                    "--curve-secret-key", stranger], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, env=env)

@@ -65,7 +65,7 @@ async def run_workload(cluster: LocalCluster, prompts: list[list[int]]):
         outputs = await client.generate_batch(prompts, GREEDY)
         reasons = await asyncio.wait_for(asyncio.gather(*aborted), 120)
         health = await wait_until_idle(client)
-        return [o.token_ids for o in outputs], reasons, health
+        return [o.outputs[0].token_ids for o in outputs], reasons, health
 
 
 async def test_mixed_prefixes_with_preemption_and_aborts_match_caching_off_and_transformers(llama_folder):
@@ -94,9 +94,9 @@ async def test_a_prompt_cached_whole_recomputes_only_its_last_token_and_swap_com
     with LocalCluster(llama_folder, 1, worker_args=worker_args, scheduler_args=["--preemption", "swap"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=120) as client:
             await client.wait_for_workers(1)
-            first = await client.generate(prompt, GREEDY)
+            first = (await client.generate(prompt, GREEDY)).outputs[0]
             before = await client.health()
-            again = await client.generate(prompt, GREEDY)
+            again = (await client.generate(prompt, GREEDY)).outputs[0]
             after = await client.health()
             # Found whole: every token but the last, which is computed again for its logits.
             assert after.num_prefix_cache_hits - before.num_prefix_cache_hits == len(prompt) - 1
@@ -105,5 +105,5 @@ async def test_a_prompt_cached_whole_recomputes_only_its_last_token_and_swap_com
             health = await wait_until_idle(client)
     assert health.num_preemptions > 0 and health.num_swapped == 0
     expected = hf_greedy(llama_folder, [prompt] + others, GREEDY.max_tokens)
-    assert [first.token_ids] + [o.token_ids for o in outputs[:-1]] == expected
-    assert outputs[-1].token_ids == expected[0]
+    assert [first.token_ids] + [o.outputs[0].token_ids for o in outputs[:-1]] == expected
+    assert outputs[-1].outputs[0].token_ids == expected[0]

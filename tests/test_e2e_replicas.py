@@ -40,10 +40,10 @@ async def test_two_replicas_share_the_work_then_survive_a_killed_worker(cluster,
 
     before = {r.name: r.num_steps for r in (await client.health()).replicas}
     reference = await client.generate_batch(prompts, PARAMS)
-    stream_reference = [o.token_ids for o in await client.generate_batch(stream_prompts, LONG)]
+    stream_reference = [o.outputs[0].token_ids for o in await client.generate_batch(stream_prompts, LONG)]
     after = {r.name: r.num_steps for r in (await client.health()).replicas}
     assert len(after) == 2 and all(after[name] > before.get(name, 0) for name in after), "both replicas work"
-    assert all(len(o.token_ids) == PARAMS.max_tokens for o in reference)
+    assert all(len(o.outputs[0].token_ids) == PARAMS.max_tokens for o in reference)
 
     # Same work again; kill -9 one worker once a few hundred requests have finished.
     streams = [asyncio.ensure_future(collect_stream(client, p)) for p in stream_prompts]
@@ -55,8 +55,8 @@ async def test_two_replicas_share_the_work_then_survive_a_killed_worker(cluster,
     victim = cluster.worker_procs[0]
     os.kill(victim.pid, signal.SIGKILL)
     outputs = await asyncio.wait_for(batch, 300)
-    assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
-    assert all(o.finish_reason == "length" for o in outputs)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in reference]
+    assert all(o.outputs[0].finish_reason == "length" for o in outputs)
     for stream, expected in zip(streams, stream_reference):
         deltas = await asyncio.wait_for(stream, 300)
         assert sum(deltas, []) == expected, "a stream repeated or skipped a token"
@@ -68,6 +68,6 @@ async def test_two_replicas_share_the_work_then_survive_a_killed_worker(cluster,
     await client.wait_for_workers(2)
     steps = {r.name: r.num_steps for r in (await client.health()).replicas}
     again = await client.generate_batch(prompts[:400], PARAMS)
-    assert [o.token_ids for o in again] == [o.token_ids for o in reference[:400]]
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in reference[:400]]
     grown = {r.name: r.num_steps for r in (await client.health()).replicas}
     assert all(grown[name] > steps[name] for name in grown), "the new worker takes work"

@@ -48,10 +48,10 @@ async def test_thousand_prompts_match_transformers(client, llama_folder):
     info = await client.model_info()
     prompts = random_prompts(1000, info.vocab_size)
     outputs = await client.generate_batch(prompts, GREEDY)
-    assert [o.finish_reason for o in outputs] == ["length"] * 1000
+    assert [o.outputs[0].finish_reason for o in outputs] == ["length"] * 1000
     assert all(o.num_prompt_tokens == 16 for o in outputs)
     expected = hf_greedy(llama_folder, prompts, GREEDY.max_tokens)
-    assert [o.token_ids for o in outputs] == expected
+    assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
 async def test_mixed_lengths_match_transformers(client, llama_folder):
@@ -59,13 +59,13 @@ async def test_mixed_lengths_match_transformers(client, llama_folder):
     prompts = random_prompts(24, info.vocab_size, lengths=(1, 3, 17, 40, 90), seed=1)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12)
     outputs = await client.generate_batch(prompts, params)
-    assert [o.token_ids for o in outputs] == hf_greedy(llama_folder, prompts, 12)
-    assert all(o.text is not None for o in outputs)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(llama_folder, prompts, 12)
+    assert all(o.outputs[0].text is not None for o in outputs)
 
 
 async def test_stream_deltas_concatenate_to_the_final_output(client):
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=20)
-    whole = await client.generate("hello world", params)
+    whole = (await client.generate("hello world", params)).outputs[0]
     deltas = [d async for d in client.stream("hello world", params)]
     assert sum((d.token_ids for d in deltas), []) == whole.token_ids
     assert "".join(d.text for d in deltas) == whole.text
@@ -96,7 +96,7 @@ async def test_vanishing_client_harms_no_other(cluster, client):
     doomed._sock.close(linger=0)  # vanish without a word: no abort is sent
     doomed._reader.cancel()
     survivors = await client.generate_batch(random_prompts(20, 1000, seed=3), GREEDY)
-    assert all(len(o.token_ids) == GREEDY.max_tokens for o in survivors)
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in survivors)
     health = await wait_until_idle(client)
     assert health.num_running == 0 and health.num_free_blocks == health.num_total_blocks
 
@@ -140,7 +140,7 @@ async def test_bad_frames_and_params_get_errors_and_service_keeps_serving(cluste
         await client.generate([info.vocab_size + 5], GREEDY)
     assert err.value.code == ErrorCode.INVALID_PARAMS
     out = await client.generate([5, 6, 7], GREEDY)
-    assert len(out.token_ids) == GREEDY.max_tokens
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
 async def test_duplicate_live_id_is_refused(cluster, client):
@@ -154,9 +154,9 @@ async def test_duplicate_live_id_is_refused(cluster, client):
     with pytest.raises(ValueError):  # the same client: refused before it reaches the server
         await client.generate([5, 6], GREEDY, request_id="same-id")
     await client.abort("same-id")
-    assert (await first).finish_reason == "abort"
+    assert (await first).outputs[0].finish_reason == "abort"
     again = await client.generate([5, 6], GREEDY, request_id="same-id")  # resubmitted after abort
-    assert again.finish_reason == "length"
+    assert again.outputs[0].finish_reason == "length"
 
 
 async def test_requests_sent_before_any_worker_complete_once_one_joins(llama_folder):
@@ -168,8 +168,8 @@ async def test_requests_sent_before_any_worker_complete_once_one_joins(llama_fol
             assert health.num_workers == 0 and health.num_waiting == 10
             cluster.add_worker()
             outputs = await asyncio.wait_for(pending, 120)
-            assert all(len(o.token_ids) == GREEDY.max_tokens for o in outputs)
-            assert len({tuple(o.token_ids) for o in outputs}) == 1
+            assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outputs)
+            assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1
 
 
 async def test_the_cluster_says_the_worker_compiles_and_what_it_runs(cluster, client):

@@ -41,7 +41,7 @@ async def test_random_aborts_and_preemption_leak_nothing(model):
             results = await asyncio.wait_for(asyncio.gather(*tasks), 300)
             await asyncio.gather(*early)
 
-            alone = [await client.generate(prompts[i], params[i]) for i in range(len(prompts))]
+            alone = [(await client.generate(prompts[i], params[i])).outputs[0] for i in range(len(prompts))]
             for i, (tokens, reason) in enumerate(results):
                 if reason == "length":
                     assert tokens == alone[i].token_ids, f"request {i} differs from its run alone"

@@ -52,7 +52,7 @@ def tokens_for(plan: StepPlan, token: int = 7) -> list[int]:
 @pytest.fixture
 async def scheduler():
     with LocalCluster("unused", 0, scheduler_args=["--worker-timeout", "600"]) as cluster:
-        worker = ScriptedWorker(cluster.workers_address)
+        worker = ScriptedWorker(cluster.worker_address)
         await worker.hello()
         async with AsyncClient(cluster.address, timeout_s=30) as client:
             await client.wait_for_workers(1)
@@ -75,7 +75,7 @@ async def test_a_failed_step_fails_its_requests_alone_and_serving_goes_on(schedu
         await client.generate([5, 6, 7], PARAMS)
     assert err.value.code == ErrorCode.WORKER_ERROR and "out of memory" in err.value.message
     out = await client.generate([5, 6, 7], PARAMS)
-    assert out.token_ids == [7, 7]
+    assert out.outputs[0].token_ids == [7, 7]
     # The failed request's id reached the worker so it could free its state.
     failed_id = worker.plans[0].new_requests[0].request_id
     assert any(failed_id in p.finished_ids for p in worker.plans[1:])
@@ -97,5 +97,5 @@ async def test_garbage_and_stale_answers_from_a_worker_are_ignored(scheduler):
 
     serving = asyncio.ensure_future(noisy_serve())
     outs = await client.generate_batch([[5, 6], [7, 8, 9]], PARAMS)
-    assert [o.token_ids for o in outs] == [[9, 9], [9, 9]]
+    assert [o.outputs[0].token_ids for o in outs] == [[9, 9], [9, 9]]
     serving.cancel()

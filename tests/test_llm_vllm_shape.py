@@ -1,5 +1,5 @@
 """Code written for vLLM's LLM runs unchanged on ours (here on a tensor-parallel group of two
-worker processes), and the old single-completion interface still works, with warnings."""
+worker processes)."""
 import time
 
 import pytest
@@ -91,18 +91,12 @@ def test_chat_uses_the_models_template(llm, folder):
     assert len(llm.chat([MESSAGES, MESSAGES[1:]], use_tqdm=False)) == 2
 
 
-def test_the_old_interface_still_works_with_deprecation_warnings():
-    with pytest.warns(DeprecationWarning, match="data_parallel_size"):
-        llm = LLM("micro-llama", 1, dtype="float32", kv_cache_gb=0.05, enforce_eager=True)
-    with llm:
+def test_a_data_parallel_llm_on_a_preset_reports_its_prompts_and_refuses_chat_without_a_template():
+    with LLM("micro-llama", data_parallel_size=1, dtype="float32", kv_cache_gb=0.05, enforce_eager=True) as llm:
         outputs = llm.generate(["hello", [5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
                                use_tqdm=False)
-        with pytest.warns(DeprecationWarning, match=r"outputs\[0\]\.token_ids"):
-            assert outputs[1].token_ids == outputs[1].outputs[0].token_ids and len(outputs[1].token_ids) == 4
-        with pytest.warns(DeprecationWarning):
-            assert (outputs[1].text, outputs[1].finish_reason) == (outputs[1].outputs[0].text, "length")
+        completion = outputs[1].outputs[0]
+        assert len(completion.token_ids) == 4 and completion.finish_reason == "length"
         assert outputs[1].num_prompt_tokens == 3 and outputs[1].ok
-        with pytest.warns(DeprecationWarning, match="sampling_params"):
-            llm.generate("hi", params=SamplingParams(max_tokens=1), use_tqdm=False)
         with pytest.raises(ChatTemplateError, match="no chat template"):  # presets have none
             llm.chat(MESSAGES)

@@ -22,7 +22,7 @@ def test_serve_answers_openai_and_bench_serve_measures_it_both_ways(tmp_path):
     port, frontend, workers = free_port(), free_port(), free_port()
     proc = subprocess.Popen([*STEPSERVE, "serve", *SMALL, "--port", str(port), "--served-model-name", "small",
                              "--frontend", f"tcp://127.0.0.1:{frontend}",
-                             "--workers-address", f"tcp://127.0.0.1:{workers}"],
+                             "--worker-address", f"tcp://127.0.0.1:{workers}"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         for line in proc.stdout:

@@ -48,7 +48,7 @@ async def _generate(cluster: LocalCluster, num_workers: int, prompts, params=GRE
         await client.wait_for_workers(num_workers)
         outputs = await client.generate_batch(prompts, params)
         health = await wait_until_idle(client)
-    return [o.token_ids for o in outputs], health
+    return [o.outputs[0].token_ids for o in outputs], health
 
 
 @pytest.fixture(scope="module")

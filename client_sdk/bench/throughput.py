@@ -3,7 +3,6 @@
 generation phase only (start-up and a small warm-up excluded).
 
     stepserve bench throughput --model tiny-llama --num-prompts 10000 --input-len 16 --output-len 16 --json
-    python -m benchmarks.throughput ...   (the same)
 
 --prefix-len N puts one shared prefix of N random tokens before every prompt's own --input-len
 tokens (a system prompt, few-shot examples), the workload prefix caching is for. The warm-up
