@@ -1,37 +1,25 @@
-"""AsyncClient: talks to the scheduler's frontend over a ZeroMQ DEALER socket.
+"""AsyncClient: the SDK's request API (generate, stream, generate_batch, generate_iter, model
+info, health, abort) over one connection to the scheduler's frontend.
 
-One reader task receives every frame and hands each request's outputs to the sink that
-waits for it (a stream's queue, a single generate's future, a batch's collector), so any
-number of requests share one socket. The same task reads the socket's monitor
-(connection.py): a refused handshake or a closed connection fails the live requests at once.
+The connection, its reader task, the sinks that take each request's outputs and the deadlines
+are the transport's (transport.py); a request's choices are claimed, given their sinks and
+released through LiveChoices (live_choices.py), the one helper every call shares.
 """
 import asyncio
 import functools
-import itertools
-import uuid
-import weakref
-from collections import deque
-from typing import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
-
-import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
+from typing import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 
 from client_sdk.batch import BatchCollector, PromptInFlight
+from client_sdk.batch_inputs import aiter_of, per_prompt, prompt_items
 from client_sdk.chat_template import render_chat
 from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
-from client_sdk.connection import MONITORED_EVENTS, ConnectionState
-from client_sdk.deadlines import Deadlines
 from client_sdk.errors import ChatTemplateError, ServiceError, request_failure
-from client_sdk.outputs import prompt_logprobs, RequestOutput, StreamDelta
+from client_sdk.live_choices import LiveChoices
+from client_sdk.outputs import RequestOutput, StreamDelta, prompt_logprobs
 from client_sdk.tokenizer import TextCodec
-from protocol.client_messages import (Abort, ErrorReply, Generate, GenerateRequest, Health, HealthQuery,
-                                      ModelInfo, ModelInfoQuery, RequestOutputs)
+from client_sdk.transport import Transport
+from protocol.client_messages import GenerateRequest, Health, HealthQuery, ModelInfo, ModelInfoQuery
 from protocol.client_messages import RequestOutput as WireOutput
-from protocol.codec import encode, scheduler_to_client_decoder
-from protocol.curve import connecting_keys, secure_connecting_socket
-from protocol.errors import ErrorCode
-from protocol.limits import MAX_REQUESTS_PER_MESSAGE
 from protocol.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -42,49 +30,6 @@ SMALL_BATCH = 4096
 
 def _put_indexed(put: Callable, index: int, output: WireOutput) -> None:
     put((index, output))
-
-
-def _per_prompt(value, scalar_type: type) -> Iterator:
-    """One value for every prompt, or an iterable of one each."""
-    if value is None or isinstance(value, scalar_type):
-        return itertools.repeat(value)
-    return iter(value)
-
-
-async def _aiter_of(items: Iterable | AsyncIterable) -> AsyncIterator:
-    if hasattr(items, "__aiter__"):
-        async for item in items:
-            yield item
-    else:
-        for item in items:
-            yield item
-
-
-async def _zip_inputs(prompts: Iterable | AsyncIterable, params: Iterator, priorities: Iterator,
-                      request_ids: Iterator | None) -> AsyncIterator[tuple]:
-    """(prompt, params, priority, request id) per prompt, read one at a time."""
-    index = 0
-    async for prompt in _aiter_of(prompts):
-        try:
-            item = (prompt, next(params), next(priorities), next(request_ids) if request_ids is not None else None)
-        except StopIteration:
-            raise ValueError(f"more prompts than sampling params, priorities or request ids (prompt {index})") from None
-        yield item
-        index += 1
-
-
-def _release(ctx: zmq.asyncio.Context, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
-    """Closes the sockets, then the context: a context collected with a socket open would block
-    in term(), so a client dropped without close() releases them through a finalizer."""
-    if not sock.closed:
-        sock.disable_monitor()
-    monitor.close(linger=0)
-    sock.close(linger=0)
-    ctx.term()
-
-
-def _error_output(request_id: str, code: str, message: str) -> WireOutput:
-    return WireOutput(request_id, [], 0, "error", None, code, message)
 
 
 class AsyncClient:
@@ -98,128 +43,14 @@ class AsyncClient:
         $STEPSERVE_CURVE_KEYS, a folder from `stepserve keys generate`)."""
         self.address = address
         self.timeout_s = timeout_s or request_timeout_s
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, 0)
-        self._sock.setsockopt(zmq.RCVHWM, 0)
-        keys = connecting_keys("client", curve_server_key, curve_secret_key)
-        secure_connecting_socket(self._sock, keys)
-        self._monitor = self._sock.get_monitor_socket(MONITORED_EVENTS)
-        self._release = weakref.finalize(self, _release, self._ctx, self._sock, self._monitor)
-        self._connection = ConnectionState(address, uses_curve=keys is not None)
-        self._sock.connect(address)
-        self._deadlines = Deadlines(request_timeout_s, self._on_timeouts) if request_timeout_s else None
-        self._deadline_task: asyncio.Task | None = None
-        self._decoder = scheduler_to_client_decoder()
-        self._sinks: dict[str, Callable[[WireOutput], None]] = {}
-        self._queries: dict[type, deque[asyncio.Future]] = {ModelInfo: deque(), Health: deque()}
-        self._ids = itertools.count()
-        self._id_prefix = uuid.uuid4().hex[:12]
-        self._reader: asyncio.Task | None = None
+        self._transport = Transport(address, request_timeout_s=request_timeout_s,
+                                    curve_server_key=curve_server_key, curve_secret_key=curve_secret_key)
+        self._live = LiveChoices(self._transport)
         self._codec: TextCodec | None = None
         self._model_info: ModelInfo | None = None  # once a worker has joined
-        self._choice_ids_of: dict[str, list[str]] = {}  # a live request with n > 1 -> its choices' ids
-        self._background: set[asyncio.Task] = set()
         self._max_queued_requests: int | None = None  # the scheduler's, asked for big batches
 
-    # ---- plumbing ------------------------------------------------------------------
-
-    def _ensure_reader(self) -> None:
-        if self._connection.auth_error is not None:
-            raise self._connection.auth_error
-        if self._reader is None:
-            loop = asyncio.get_running_loop()
-            self._reader = loop.create_task(self._read_loop())
-            if self._deadlines is not None:
-                self._deadline_task = loop.create_task(self._deadlines.run())
-
-    async def _read_loop(self) -> None:
-        poller = zmq.asyncio.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        while True:
-            ready = dict(await poller.poll())
-            # Every message first: a closed connection's last outputs are queued before its event.
-            while True:
-                try:
-                    frame = await self._sock.recv(flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                self._dispatch(self._decoder.decode(frame.buffer))
-            if self._monitor in ready:
-                event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
-                lost = self._connection.on_event(event)
-                if lost is not None:
-                    self._fail_live(*lost)
-
-    def _dispatch(self, message) -> None:
-        if isinstance(message, RequestOutputs):
-            for output in message.outputs:
-                sink = self._sinks.get(output.request_id)
-                if sink is not None:
-                    sink(output)
-        elif isinstance(message, ErrorReply):
-            self._fail_queries(ServiceError(message.code, message.message))
-        else:
-            waiting = self._queries[type(message)]
-            if waiting:
-                future = waiting.popleft()
-                if not future.done():
-                    future.set_result(message)
-
-    def _fail_queries(self, error: Exception) -> None:
-        for waiting in self._queries.values():
-            while waiting:
-                future = waiting.popleft()
-                if not future.done():
-                    future.set_exception(error)
-
-    def _fail_live(self, code: str, message: str) -> None:
-        """Every live request and query ends with this error (the connection lost them)."""
-        ids = list(self._sinks)
-        for request_id in ids:
-            sink = self._sinks.get(request_id)
-            if sink is not None:
-                sink(_error_output(request_id, code, message))
-        self._fail_queries(self._connection.auth_error or ServiceError(code, message))
-        if ids and code != ErrorCode.AUTHENTICATION_FAILED:
-            self._abort_soon(ids)  # one still in the socket's queue must not run on the new scheduler
-
-    def _on_timeouts(self, expired: list[tuple[str, object]]) -> None:
-        timed_out = []
-        for request_id, sink in expired:
-            if self._sinks.get(request_id) is sink:
-                timed_out.append(request_id)
-                sink(_error_output(request_id, ErrorCode.TIMEOUT,
-                                   f"not finished within request_timeout_s ({self._deadlines.timeout_s:g} s)"))
-        if timed_out:
-            self._abort_soon(timed_out)
-
-    async def _query(self, query, reply_type):
-        self._ensure_reader()
-        future = asyncio.get_running_loop().create_future()
-        self._queries[reply_type].append(future)
-        await self._sock.send(encode(query))
-        try:
-            return await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
-            raise ServiceError("timeout", f"no reply from {self.address} in {self.timeout_s} s") from None
-
-    def _claim(self, request_ids: list[str]) -> None:
-        """One live request per id on this client: a second would steal the first's outputs."""
-        taken = [rid for rid in request_ids if rid in self._sinks]
-        if taken or len(set(request_ids)) != len(request_ids):
-            raise ValueError(f"request ids already in use on this client: {taken or 'duplicates in the batch'}")
-
-    def _next_id(self) -> str:
-        return f"{self._id_prefix}-{next(self._ids)}"
-
-    async def _send_requests(self, requests: list[GenerateRequest]) -> None:
-        if self._deadlines is not None:
-            self._deadlines.add([(r.request_id, self._sinks.get(r.request_id)) for r in requests])
-        for start in range(0, len(requests), MAX_REQUESTS_PER_MESSAGE):
-            await self._sock.send(encode(Generate(requests[start:start + MAX_REQUESTS_PER_MESSAGE])))
+    # ---- helpers -------------------------------------------------------------------
 
     async def served_model(self) -> ModelInfo:
         """The model info, asked once a worker has joined (before that, on every call)."""
@@ -251,45 +82,13 @@ class AsyncClient:
             return (await self.text_codec()).encode(prompt)
         return list(prompt)
 
-    def _abort_soon(self, request_ids: list[str]) -> None:
-        """An abort that must not wait, nor be lost to a cancellation: from a finally block of a
-        cancelled stream (a client that went away), or from the reader (a stop string matched)."""
-        task = asyncio.get_running_loop().create_task(self.abort(request_ids))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _claim_choices(self, request_id: str | None, params: SamplingParams) -> tuple[str, list[str]]:
-        """The request's id (a new one when None) and its choices' ids, claimed on this client
-        (_forget releases them)."""
-        request_id = request_id or self._next_id()
-        choice_ids = self._choice_ids(request_id, params)
-        try:
-            self._claim(choice_ids)
-        except ValueError:
-            self._choice_ids_of.pop(request_id, None)
-            raise
-        return request_id, choice_ids
-
-    def _forget(self, request_id: str, choice_ids: list[str]) -> None:
-        for choice_id in choice_ids:
-            self._sinks.pop(choice_id, None)
-        self._choice_ids_of.pop(request_id, None)
-
-    def _choice_ids(self, request_id: str, params: SamplingParams) -> list[str]:
-        """The scheduler's request ids of the n choices: the id itself when n is 1."""
-        if params.n == 1:
-            return [request_id]
-        ids = [f"{request_id}-{index}" for index in range(params.n)]
-        self._choice_ids_of[request_id] = ids
-        return ids
-
     # ---- public API ----------------------------------------------------------------
 
     async def model_info(self) -> ModelInfo:
-        return await self._query(ModelInfoQuery(), ModelInfo)
+        return await self._transport.query(ModelInfoQuery(), ModelInfo, self.timeout_s)
 
     async def health(self) -> Health:
-        return await self._query(HealthQuery(), Health)
+        return await self._transport.query(HealthQuery(), Health, self.timeout_s)
 
     async def wait_for_workers(self, num_workers: int = 1, timeout_s: float = 120.0) -> Health:
         """Polls health until that many workers have joined."""
@@ -305,8 +104,7 @@ class AsyncClient:
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        ids = [choice_id for rid in ids for choice_id in self._choice_ids_of.get(rid, (rid,))]
-        await self._sock.send(encode(Abort(ids)))
+        await self._transport.send_abort(self._live.scheduler_ids(ids))
 
     async def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                                   chat_template: str | None = None, tokenize: bool = True, **kwargs):
@@ -326,18 +124,17 @@ class AsyncClient:
                      priority: int = 0) -> AsyncIterator[StreamDelta]:
         """Yields a delta of new tokens (and text) per step until the request finishes; with
         n > 1 the deltas of the n choices interleave, told apart by `index`."""
-        self._ensure_reader()
+        self._transport.start()
         params = validated(params)
         prompt_ids = await self._prompt_ids(prompt)
         codec = await (self.text_codec() if params.stop else self._text_codec())
-        request_id, choice_ids = self._claim_choices(request_id, params)
         queue: asyncio.Queue[tuple[int, WireOutput]] = asyncio.Queue()
+        request_id, choice_ids = self._live.claim(
+            request_id, params, lambda index: functools.partial(_put_indexed, queue.put_nowait, index))
         choices = [Choice(index, params, codec, incremental=True) for index in range(params.n)]
-        for index, choice_id in enumerate(choice_ids):
-            self._sinks[choice_id] = functools.partial(_put_indexed, queue.put_nowait, index)
         num_open = len(choices)
         try:
-            await self._send_requests([GenerateRequest(choice_id, prompt_ids, choice_params(params, index), priority,
+            await self._transport.send_requests([GenerateRequest(choice_id, prompt_ids, choice_params(params, index), priority,
                                                        stream=True) for index, choice_id in enumerate(choice_ids)])
             while num_open:
                 index, output = await queue.get()
@@ -350,15 +147,15 @@ class AsyncClient:
                 if choice.finished:
                     num_open -= 1
                     if choice.stopped_by_string:
-                        self._abort_soon([choice_ids[index]])
+                        self._transport.abort_soon([choice_ids[index]])
                 text = choice.text.take_delta(choice.finished) if choice.text is not None else None
                 yield StreamDelta(request_id, new_ids, text, choice.finish_reason, output.num_prompt_tokens,
                                   new_logprobs, index, choice.stop_reason, output.prompt_logprobs)
         finally:
-            self._forget(request_id, choice_ids)
+            self._live.forget(request_id, choice_ids)
             unfinished = [choice_ids[c.index] for c in choices if not c.finished]
             if unfinished:  # the caller stopped listening (or one choice failed): free the rest
-                self._abort_soon(unfinished)
+                self._transport.abort_soon(unfinished)
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
                        request_id: str | None = None, priority: int = 0) -> RequestOutput:
@@ -409,8 +206,8 @@ class AsyncClient:
         """
         if window is None:
             window = min(len(prompts), SMALL_BATCH) if hasattr(prompts, "__len__") else SMALL_BATCH
-        items = _zip_inputs(prompts, _per_prompt(params, SamplingParams), _per_prompt(priority, int),
-                            iter(request_ids) if request_ids is not None else None)
+        items = prompt_items(prompts, per_prompt(params, SamplingParams), per_prompt(priority, int),
+                             iter(request_ids) if request_ids is not None else None)
         async for index, output in self.generate_iter_items(
                 items, window=window, progress=progress, total=len(prompts) if hasattr(prompts, "__len__") else None):
             yield index, output
@@ -420,12 +217,12 @@ class AsyncClient:
                                   ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """generate_iter for items (prompt, params, priority[, request_id]) read one at a time:
         for callers whose prompts and parameters come together (a batch file's lines)."""
-        self._ensure_reader()
-        items = _aiter_of(items)
+        self._transport.start()
+        items = aiter_of(items)
         # The tokenizer that decodes the outputs is asked for alongside the requests, not after
         # them: by then a killed scheduler could not answer, and the batch would be lost whole.
         tokenizer_asked = None if self._model_info is not None else self._ask_soon(self._text_codec())
-        collector = BatchCollector(total, progress, on_stop_string=self._abort_soon)
+        collector = BatchCollector(total, progress, on_stop_string=self._transport.abort_soon)
         live: dict[int, PromptInFlight] = {}
         given = checked = None  # the same params object for many prompts in a row: checked once
         codec_ready = False
@@ -434,14 +231,13 @@ class AsyncClient:
             index = 0
             while True:
                 while collector.ready:
-                    if self._connection.auth_error is not None:
-                        raise self._connection.auth_error
+                    self._transport.raise_if_refused()
                     entry = collector.ready.popleft()
                     if not codec_ready and any(c.token_ids for c in entry.choices):
                         await self._codec_for_outputs(tokenizer_asked)
                         codec_ready = True
                     del live[entry.index]
-                    self._forget(entry.request_id, entry.choice_ids)
+                    self._live.forget(entry.request_id, entry.choice_ids)
                     yield entry.index, self._request_output(entry)
                 chunk: list[GenerateRequest] = []
                 while not exhausted and collector.num_in_flight + len(collector.ready) < max(window, 1):
@@ -453,17 +249,14 @@ class AsyncClient:
                     request_id = request_id[0] if request_id else None
                     if p is not given or checked is None:
                         given, checked = p, validated(p)
-                    entry = await self._prompt_in_flight(index, prompt, checked, request_id)
-                    collector.add(entry)
+                    entry = await self._prompt_in_flight(index, prompt, checked, request_id, collector)
                     live[index] = entry
-                    for choice_id in entry.choice_ids:
-                        self._sinks[choice_id] = collector.on_output
                     p = entry.choices[0].params
                     chunk += [GenerateRequest(choice_id, entry.prompt_ids, choice_params(p, c), prio,
                                               stream=bool(p.stop)) for c, choice_id in enumerate(entry.choice_ids)]
                     index += 1
                 if chunk:
-                    await self._send_requests(chunk)
+                    await self._transport.send_requests(chunk)
                 if exhausted and not live:
                     return
                 if not collector.ready:
@@ -471,24 +264,26 @@ class AsyncClient:
         finally:
             unfinished = collector.unfinished_ids()
             if unfinished:
-                self._abort_soon(unfinished)
+                self._transport.abort_soon(unfinished)
             if tokenizer_asked is not None and not tokenizer_asked.done():
                 tokenizer_asked.cancel()
             for entry in live.values():
-                self._forget(entry.request_id, entry.choice_ids)
+                self._live.forget(entry.request_id, entry.choice_ids)
             collector.close()
 
-    async def _prompt_in_flight(self, index: int, prompt: Prompt, params: SamplingParams,
-                                request_id: str | None) -> PromptInFlight:
-        """A prompt tokenized and its choices claimed, ready to be sent."""
+    async def _prompt_in_flight(self, index: int, prompt: Prompt, params: SamplingParams, request_id: str | None,
+                                collector: BatchCollector) -> PromptInFlight:
+        """A prompt tokenized and its choices claimed, in the collector, ready to be sent."""
         if params.stop:
             await self.text_codec()  # stop strings are matched on text
         prompt_ids = await self._prompt_ids(prompt)
-        request_id, choice_ids = self._claim_choices(request_id, params)
+        request_id, choice_ids = self._live.claim(request_id, params, lambda _: collector.on_output)
         # stop strings: see every step, to abort at a match
         choices = [Choice(c, params, self._codec, incremental=bool(params.stop)) for c in range(params.n)]
-        return PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,
-                              choice_ids, choices)
+        entry = PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,
+                               choice_ids, choices)
+        collector.add(entry)
+        return entry
 
     def _request_output(self, entry: PromptInFlight) -> RequestOutput:
         for choice in entry.choices:
@@ -523,18 +318,7 @@ class AsyncClient:
         return max(1, self._max_queued_requests // 2) if self._max_queued_requests else num_requests
 
     async def close(self) -> None:
-        if self._background:  # the last aborts; a socket that never connected cannot send them
-            _, unsent = await asyncio.wait(self._background, timeout=1.0)
-            for task in unsent:
-                task.cancel()
-        for task in (self._reader, self._deadline_task):
-            if task is not None:
-                task.cancel()
-                try:
-                    await task
-                except (asyncio.CancelledError, Exception):
-                    pass
-        self._release()
+        await self._transport.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self

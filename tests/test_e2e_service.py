@@ -93,8 +93,8 @@ async def test_vanishing_client_harms_no_other(cluster, client):
     doomed = AsyncClient(cluster.address)
     stream = doomed.stream([9, 10, 11], params)
     await stream.__anext__()
-    doomed._sock.close(linger=0)  # vanish without a word: no abort is sent
-    doomed._reader.cancel()
+    doomed._transport._sock.close(linger=0)  # vanish without a word: no abort is sent
+    doomed._transport._reader.cancel()
     survivors = await client.generate_batch(random_prompts(20, 1000, seed=3), GREEDY)
     assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in survivors)
     health = await wait_until_idle(client)
