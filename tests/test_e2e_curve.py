@@ -81,7 +81,7 @@ async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(
 
 @pytest.mark.parametrize("frontend,warned", [("tcp://0.0.0.0:*", True), ("tcp://127.0.0.1:*", False)])
 def test_a_socket_open_beyond_loopback_without_keys_is_warned_about(frontend, warned):
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler_svc", "--frontend", frontend, "--workers",
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler_svc", "--frontend", frontend, "--worker-address",
                              "tcp://127.0.0.1:*"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "stepserve scheduler ready" in proc.stdout.readline()
