@@ -34,9 +34,9 @@ class Drain:
     async def _run(self) -> None:
         service = self.service
         service.admission.draining = True
-        logger.info("draining: %d requests to finish in at most %.1f s", len(service.book), self.timeout_s)
+        logger.info("draining: %d requests to finish in at most %.1f s", len(service.requests.book), self.timeout_s)
         deadline = time.monotonic() + self.timeout_s
-        while len(service.book) and service.replicas and not self._cut_short.is_set():
+        while len(service.requests.book) and service.replicas and not self._cut_short.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -44,10 +44,10 @@ class Drain:
                 await asyncio.wait_for(self._cut_short.wait(), min(POLL_S, left))
             except asyncio.TimeoutError:
                 pass
-        num_left = len(service.book)
+        num_left = len(service.requests.book)
         if num_left:
             logger.warning("drain: %d requests not finished; failing them", num_left)
-        service.fail_all(ErrorCode.SHUTTING_DOWN, "the scheduler shut down before this request finished "
+        service.requests.fail_all(ErrorCode.SHUTTING_DOWN, "the scheduler shut down before this request finished "
                                                   f"(--drain-timeout-s {self.timeout_s:g})")
         await service.flush_outputs()
         service.stop()

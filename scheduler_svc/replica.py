@@ -19,8 +19,7 @@ class WorkerLost(Exception):
 
 
 class Replica:
-    def __init__(self, name: str, hello: WorkerHello, config: SchedulerConfig, arrivals=None):
-        """arrivals: the service's arrival counter, shared by every core (see Scheduler)."""
+    def __init__(self, name: str, hello: WorkerHello, config: SchedulerConfig):
         self.name = name  # the group's key: worker_id, or the TP group id
         self.hello = hello
         self.identities: dict[int, bytes] = {}  # rank -> ROUTER identity
@@ -31,7 +30,7 @@ class Replica:
         if hello.block_size != config.block_size:
             # Block ids only mean something in the worker's own block size: adopt it.
             config = dataclasses.replace(config, block_size=hello.block_size)
-        self.core = Scheduler(config, capacity, arrivals)
+        self.core = Scheduler(config, capacity)
         if config.enable_prefix_caching and not self.core.enable_prefix_caching:
             logger.info("replica %s: prefix caching off: %s keeps per-request state (%d state slots) "
                         "that a cached prefix cannot restore", name, hello.model, hello.num_state_slots)

@@ -4,6 +4,7 @@ Memory matters: a million of these may wait at once, so __slots__, no per-step d
 reference back to the scheduler (no cycles, so refcounting frees them without the cyclic GC).
 """
 import enum
+import itertools
 
 from protocol.sampling import SamplingParams
 
@@ -25,6 +26,7 @@ FINISHED_STATUS = {
     "error": RequestStatus.FINISHED_ERROR,
 }
 _FINISH_REASON = {status: reason for reason, status in FINISHED_STATUS.items()}
+_ARRIVALS = itertools.count()  # one numbering for the process: see Request.arrival
 
 
 class Request:
@@ -52,7 +54,9 @@ class Request:
         self.block_ids: list[int] = []
         # How many of block_ids the worker already knows; the plan sends only the rest.
         self.num_blocks_sent = 0
-        self.arrival = 0  # set by the scheduler; breaks priority ties in arrival order
+        # Numbered once, as it is made (it arrives): priority ties break by it, in `pending` and in
+        # every core, and it is unique, so two requests never tie.
+        self.arrival = next(_ARRIVALS)
         # Prefix caching. Chained hashes of the full blocks of its tokens, computed lazily
         # (scheduler_svc.block_hash); None until first needed, so a waiting request costs nothing.
         self.block_hashes: list[bytes] | None = None

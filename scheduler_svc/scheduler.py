@@ -23,9 +23,7 @@ request preempted while a step computes for it gets that step's token when it is
 cannot be scheduled again before: preemption admits nothing in its plan, and the plan after
 is made once the step was applied. Hence two plans, never more.
 """
-import itertools
 from collections import deque
-from collections.abc import Iterator
 
 from protocol.errors import ErrorCode
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan, StepResult
@@ -87,7 +85,7 @@ class StepInFlight:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity, arrivals: Iterator[int] | None = None):
+    def __init__(self, config: SchedulerConfig, capacity: WorkerCapacity):
         self.config = config
         self.capacity = capacity
         # A state model's request cannot start mid-prompt without the Mamba state at that point.
@@ -115,9 +113,6 @@ class Scheduler:
         self._swapped: dict[str, Request] = {}  # swap-out order; holds CPU blocks
         self._pending_finished: list[str] = []  # for the next plan's finished_ids
         self._next_step_id = 0
-        # Numbers arrivals (priority ties break by them). The service shares one counter with
-        # its own queue and every core, so a request requeued from a dead replica never ties.
-        self._arrivals = arrivals if arrivals is not None else itertools.count()
         # Every plan returned and not yet update()d, oldest first: the one record of steps in flight.
         self._inflight: deque[StepInFlight] = deque()
         self.num_preemptions = 0  # for stats: how often memory pressure evicted a request
@@ -129,7 +124,6 @@ class Scheduler:
             raise RequestRejected(ErrorCode.DUPLICATE_ID, f"request id {request.request_id!r} is live")
         check_request(request, self.capacity, self.config, self.max_len)
         assert request.status == WAITING and not request.block_ids, f"{request} is not new"
-        request.arrival = next(self._arrivals)
         self._requests[request.request_id] = request
         self._waiting.push(request)
 

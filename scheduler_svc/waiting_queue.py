@@ -60,7 +60,7 @@ class FcfsQueue:
 
 class PriorityQueue:
     """Lower `priority` value first (vLLM's convention); ties in arrival order (request.arrival,
-    set by the scheduler)."""
+    numbered as it is made)."""
 
     def __init__(self):
         self._heap: list[tuple[int, int, Request]] = []
