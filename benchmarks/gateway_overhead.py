@@ -30,7 +30,7 @@ def cpu_seconds(pid: int) -> float:
 async def run(args: argparse.Namespace) -> dict:
     scheduler, worker = cluster_args(args)
     rows = []
-    with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
+    with LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
                       tensor_parallel_size=args.tensor_parallel_size) as cluster:
         base_url = cluster.start_gateway()
         gateway_pid = cluster.gateways[0].pid

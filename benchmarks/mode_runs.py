@@ -45,7 +45,7 @@ def maybe_locked(path: str | None):
 async def measure_on_fresh_cluster(args: argparse.Namespace, extra_scheduler_args: list[str] = ()) -> dict:
     """`stepserve bench throughput`'s measurement on a local cluster started from args' flags."""
     scheduler, worker = cluster_args(args)
-    with maybe_locked(args.lock_file), LocalCluster(args.model, args.workers,
+    with maybe_locked(args.lock_file), LocalCluster(args.model, args.data_parallel_size,
                                                     scheduler_args=scheduler + list(extra_scheduler_args),
                                                     worker_args=worker) as cluster:
         client = AsyncClient(cluster.address)

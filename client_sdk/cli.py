@@ -27,7 +27,7 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
     try:
         url = start_gateway() if start_gateway else None
         where = f"OpenAI API at {url}/v1 (SDK: {cluster.address})" if url else f"clients connect to {cluster.address}"
-        print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.num_workers} replica(s) of "
+        print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.data_parallel_size} replica(s) of "
               f"{cluster.tensor_parallel_size} worker(s); {where}", flush=True)
         while not stop.wait(0.5):
             for proc in (cluster.scheduler, *cluster.gateways):
@@ -41,7 +41,7 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     scheduler, worker = cluster_args(args)
-    return LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
+    return LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
                         frontend=args.frontend, worker_address=args.worker_address, quiet=False,
                         tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys, announce=True)
 

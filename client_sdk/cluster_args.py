@@ -8,7 +8,8 @@ from client_sdk.launcher import LocalCluster
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-llama", help="preset name or Hugging Face model folder")
-    p.add_argument("--workers", type=int, default=1, help="data-parallel replicas (each a worker, or a TP group)")
+    p.add_argument("--data-parallel-size", type=int, default=1,
+                   help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="worker processes per replica")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--load-format", default=None, help="auto | dummy")
@@ -35,7 +36,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 # Which process takes each option of a local cluster: the flag is the option's name with dashes.
 # Options left None take that process's own default; booleans become --name / --no-name.
-_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "preemption", "scheduling_policy",
+_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy",
                       "enable_prefix_caching", "async_scheduling")
 _WORKER_OPTIONS = ("dtype", "load_format", "kv_cache_gb", "max_model_len", "gpu_memory_utilization",
                    "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir")
@@ -71,7 +72,7 @@ def service_address(args: argparse.Namespace) -> Iterator[str]:
         yield args.address
         return
     scheduler, worker = cluster_args(args)
-    with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
+    with LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
                       tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys,
                       announce=True) as cluster:
         yield cluster.address

@@ -55,17 +55,17 @@ class ProcessExited(RuntimeError):
 
 
 class LocalCluster:
-    def __init__(self, model: str = "tiny-llama", num_workers: int = 1, *, scheduler_args: list[str] = (),
+    def __init__(self, model: str = "tiny-llama", data_parallel_size: int = 1, *, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
                  worker_address: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
                  curve_keys: str | None = None, announce: bool = False):
-        """num_workers: data-parallel replicas, each of tensor_parallel_size worker processes;
+        """data_parallel_size: replicas, each of tensor_parallel_size worker processes;
         worker_address: where the scheduler listens for them;
         announce: say on stderr what start() is doing (the CLI and LLM do)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model = model
-        self.num_workers = num_workers
+        self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
         self.scheduler_args = list(scheduler_args)
         self.worker_args = list(worker_args)
@@ -105,7 +105,7 @@ class LocalCluster:
     @property
     def num_worker_processes(self) -> int:
         """What the scheduler's health counts as workers once all have joined: every rank."""
-        return self.num_workers * self.tensor_parallel_size
+        return self.data_parallel_size * self.tensor_parallel_size
 
     def _popen(self, module: str, args: list[str]) -> subprocess.Popen:
         missing = [name for name in SERVER_EXTRA_MODULES.get(module, ()) if importlib.util.find_spec(name) is None]
@@ -136,9 +136,9 @@ class LocalCluster:
         started = time.monotonic()
         try:
             self.start_scheduler(self.frontend, self.worker_address, timeout_s)
-            for _ in range(self.num_workers):
+            for _ in range(self.data_parallel_size):
                 self.add_replica()
-            if self.num_workers:
+            if self.data_parallel_size:
                 with Client(self.address, **self.client_keys) as client:
                     self.wait_for_workers(client, self.num_worker_processes, timeout_s)
                     self._say(_model_line(client.model_info(), time.monotonic() - started))

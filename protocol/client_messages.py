@@ -94,7 +94,7 @@ class ModelInfo(Message, tag=True):
     max_model_len: int = 0
     eos_token_ids: list[int] = []
     tokenizer_json: str | None = None  # Hugging Face tokenizers JSON, relayed from the worker
-    num_workers: int = 0
+    num_replicas: int = 0  # data-parallel replicas joined (each one worker or a tensor-parallel group)
     chat_template: str | None = None  # Jinja, relayed from the worker; None: the model has none
     special_tokens: dict[str, str] = {}  # bos_token, eos_token, ...: the names templates use
     # Requests the scheduler holds at most (--max-queued-requests): the SDK's default batch window.
@@ -127,7 +127,7 @@ class Health(Message, tag=True):
     num_waiting: int
     num_running: int
     num_swapped: int
-    num_workers: int
+    num_workers: int  # worker processes joined, every rank of every replica
     num_free_blocks: int
     num_total_blocks: int
     num_free_state_slots: int

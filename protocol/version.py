@@ -1,3 +1,4 @@
 # Bumped on any incompatible change of a message; the first byte of every frame.
-PROTOCOL_VERSION = 4  # 2: HeartbeatReply (scheduler -> worker), input limits; 3: step timing (busy_s);
-#   4: WorkerHello.compiled, ModelInfo dtype / device / compiled
+PROTOCOL_VERSION = 5  # 2: HeartbeatReply (scheduler -> worker), input limits; 3: step timing (busy_s);
+#   4: WorkerHello.compiled, ModelInfo dtype / device / compiled;
+#   5: ModelInfo.num_replicas (was num_workers: it counts replicas; Health.num_workers counts processes)

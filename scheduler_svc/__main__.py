@@ -21,7 +21,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--worker-address", default="tcp://127.0.0.1:5556", help="address workers connect to")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
     p.add_argument("--scheduling-policy", "--policy", dest="policy", choices=["fcfs", "priority"], default="fcfs",
                    help="priority: lower priority values first, ties by arrival, and a waiting request may "
@@ -53,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> None:
     config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                             block_size=args.block_size, preemption_mode=args.preemption, policy=args.policy,
+                             preemption_mode=args.preemption, policy=args.policy,
                              enable_chunked_prefill=not args.no_chunked_prefill,
                              enable_prefix_caching=args.enable_prefix_caching,
                              async_scheduling=args.async_scheduling)

@@ -11,7 +11,7 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256  # requests holding blocks (running) at once
     max_num_batched_tokens: int = 8192  # tokens computed in one step, prefill and decode together
-    block_size: int = 16  # tokens per KV block; must equal the worker's
+    block_size: int = 16  # tokens per KV block: the worker's, from its hello (Replica sets it)
     preemption_mode: str = "recompute"  # "recompute" or "swap"; Mamba state models always recompute
     policy: str = "fcfs"  # "fcfs" or "priority" (lower priority value first, may preempt; ties by arrival)
     enable_chunked_prefill: bool = True

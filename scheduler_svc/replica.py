@@ -27,9 +27,8 @@ class Replica:
         capacity = WorkerCapacity.from_hello(hello)
         if config.preemption_mode != "swap":  # the worker's CPU blocks go unused: no swap space
             capacity = dataclasses.replace(capacity, num_cpu_blocks=0)
-        if hello.block_size != config.block_size:
-            # Block ids only mean something in the worker's own block size: adopt it.
-            config = dataclasses.replace(config, block_size=hello.block_size)
+        # The block size is the worker's (its --block-size): block ids only mean something in it.
+        config = dataclasses.replace(config, block_size=hello.block_size)
         self.core = Scheduler(config, capacity)
         if config.enable_prefix_caching and not self.core.enable_prefix_caching:
             logger.info("replica %s: prefix caching off: %s keeps per-request state (%d state slots) "

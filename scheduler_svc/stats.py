@@ -11,7 +11,7 @@ def model_info(hello: WorkerHello | None, num_replicas: int, max_queued_requests
         return ModelInfo(model=None, max_queued_requests=max_queued_requests, instance_id=instance_id)
     return ModelInfo(model=hello.model, vocab_size=hello.vocab_size, max_model_len=hello.max_model_len,
                      eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
-                     num_workers=num_replicas, chat_template=hello.chat_template,
+                     num_replicas=num_replicas, chat_template=hello.chat_template,
                      special_tokens=hello.special_tokens, max_queued_requests=max_queued_requests,
                      instance_id=instance_id, dtype=hello.dtype, device=hello.device, compiled=hello.compiled)
 

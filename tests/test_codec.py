@@ -28,7 +28,7 @@ SCHEDULER_TO_CLIENT = [
         cm.RequestOutput("c", [9], 4)]),
     cm.ErrorReply(code="bad_frame", message="nope"),
     cm.ModelInfo(model="tiny-llama", vocab_size=32000, max_model_len=2048, eos_token_ids=[2],
-                 tokenizer_json="{}", num_workers=2),
+                 tokenizer_json="{}", num_replicas=2),
     cm.ModelInfo(model=None),
     cm.Health(num_waiting=1, num_running=2, num_swapped=3, num_workers=1, num_free_blocks=4,
               num_total_blocks=5, num_free_state_slots=6, num_total_state_slots=7, steps_per_s=1.5,

@@ -204,7 +204,7 @@ async def run_serving(args: argparse.Namespace) -> int:
         result = await measure(args, args.base_url, None if args.base_url else args.address)
     else:
         scheduler, worker = cluster_args(args)
-        with LocalCluster(args.model, args.workers, scheduler_args=scheduler, worker_args=worker,
+        with LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
                           tensor_parallel_size=args.tensor_parallel_size, announce=True) as cluster:
             base_url = cluster.start_gateway()
             result = await measure(args, base_url, None)

@@ -49,7 +49,7 @@ def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int,
 
 
 async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
-    num_workers = args.workers * args.tensor_parallel_size if args.address is None else 1
+    num_workers = args.data_parallel_size * args.tensor_parallel_size if args.address is None else 1
     await client.wait_for_workers(num_workers, timeout_s=600)
     info = await client.model_info()
     avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
