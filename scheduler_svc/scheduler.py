@@ -22,6 +22,11 @@ token of the later plan discarded, and its id goes out in the next plan's finish
 request preempted while a step computes for it gets that step's token when it is applied, and
 cannot be scheduled again before: preemption admits nothing in its plan, and the plan after
 is made once the step was applied. Hence two plans, never more.
+
+Longer than ~300 lines on purpose: schedule(), update() and the ends of a request change one
+state (the queues, the block manager, the steps in flight) whose invariants hold together
+(check_integrity); split across files they would be read apart. The parts that stand alone
+have their own modules (step_batch, block_manager, waiting_queue, stop_checks, validation).
 """
 from collections import deque
 
@@ -31,6 +36,7 @@ from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.request import Request, RequestStatus, RequestUpdate
+from scheduler_svc.step_batch import StepBatch, StepInFlight
 from scheduler_svc.stop_checks import check_stop, reaches_length
 from scheduler_svc.validation import check_request
 from scheduler_svc.waiting_queue import make_waiting_queue
@@ -38,50 +44,6 @@ from scheduler_svc.waiting_queue import make_waiting_queue
 RUNNING = RequestStatus.RUNNING
 SWAPPED = RequestStatus.SWAPPED
 WAITING = RequestStatus.WAITING
-
-
-class _Batch:
-    """What one schedule() call has decided so far. Each scheduled request is added with its
-    plan entry in one call, so a request and its entry are never apart."""
-
-    __slots__ = ("token_budget", "new_requests", "new_scheduled", "running_requests",
-                 "running_scheduled", "preempted_ids", "swap_out", "swap_in", "copies")
-
-    def __init__(self, token_budget: int):
-        self.token_budget = token_budget
-        self.new_requests: list[NewRequestData] = []
-        self.new_scheduled: list[Request] = []  # new_requests[i] is new_scheduled[i]'s
-        self.running_requests: list[RunningRequestData] = []
-        self.running_scheduled: list[Request] = []  # likewise
-        self.preempted_ids: list[str] = []
-        self.swap_out: list[tuple[int, int]] = []
-        self.swap_in: list[tuple[int, int]] = []
-        self.copies: list[tuple[int, int]] = []  # copy-on-write of a fully cached last block
-
-    def add_new(self, request: Request, data: NewRequestData) -> None:
-        self.new_requests.append(data)
-        self.new_scheduled.append(request)
-        self.token_budget -= data.num_new_tokens
-
-    def add_running(self, request: Request, data: RunningRequestData) -> None:
-        self.running_requests.append(data)
-        self.running_scheduled.append(request)
-        self.token_budget -= data.num_new_tokens
-
-
-class StepInFlight:
-    """A plan returned by schedule() whose result is not applied yet.
-
-    scheduled: (request, tokens it computes, whether the step samples a token for it), in the
-    plan's order (new requests, then running ones), which is the order of the worker's sampled
-    tokens: the result is matched to it by step id and count (ids on the wire would cost ~40
-    bytes per request per step). Empty for a free-only plan."""
-
-    __slots__ = ("plan", "scheduled")
-
-    def __init__(self, plan: StepPlan, scheduled: list[tuple[Request, int, bool]]):
-        self.plan = plan
-        self.scheduled = scheduled
 
 
 class Scheduler:
@@ -179,7 +141,7 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """The next plan, or None when there is nothing to run and nothing to tell the worker."""
         assert len(self._inflight) < 2, "two plans in flight: update() the oldest first"
-        batch = _Batch(self.config.max_num_batched_tokens)
+        batch = StepBatch(self.config.max_num_batched_tokens)
         if self.config.policy == "priority":
             self._preempt_for_waiting(batch)
         self._schedule_running(batch)
@@ -211,7 +173,7 @@ class Scheduler:
         self._inflight.append(step)
         return plan
 
-    def _schedule_running(self, batch: _Batch) -> None:
+    def _schedule_running(self, batch: StepBatch) -> None:
         running = list(self._running.values())
         if self.config.policy == "priority":
             running.sort(key=_priority_key)  # victims are taken from the end: lowest first
@@ -241,7 +203,7 @@ class Scheduler:
             request.num_blocks_sent = len(request.block_ids)
             i += 1
 
-    def _preempt_for_waiting(self, batch: _Batch) -> None:
+    def _preempt_for_waiting(self, batch: StepBatch) -> None:
         """vLLM's priority scheduling: a waiting request with a lower priority value than the
         least urgent running one, which finds no seat or no blocks beside it, takes its place;
         the running one is preempted (and, as after any preemption, nothing is admitted in this
@@ -265,7 +227,7 @@ class Scheduler:
                 return
             self._preempt(victims.pop(), batch)
 
-    def _preempt(self, request: Request, batch: _Batch) -> None:
+    def _preempt(self, request: Request, batch: StepBatch) -> None:
         del self._running[request.request_id]
         self.num_preemptions += 1
         if self.use_swap and self.block_manager.can_swap_out(request):
@@ -279,7 +241,7 @@ class Scheduler:
         # Either way the worker forgets the request; it comes back in new_requests.
         batch.preempted_ids.append(request.request_id)
 
-    def _schedule_swapped(self, batch: _Batch) -> None:
+    def _schedule_swapped(self, batch: StepBatch) -> None:
         swapped_in = []
         for request in self._swapped.values():
             num_new = self._num_new_tokens(request, request.num_computed_tokens, batch)
@@ -294,7 +256,7 @@ class Scheduler:
             del self._swapped[request.request_id]
             self._running[request.request_id] = request
 
-    def _schedule_waiting(self, batch: _Batch) -> None:
+    def _schedule_waiting(self, batch: StepBatch) -> None:
         waiting, block_manager = self._waiting, self.block_manager
         while len(self._running) < self.max_num_running:
             request = waiting.peek()
@@ -311,7 +273,7 @@ class Scheduler:
             self._running[request.request_id] = request
             self._start(request, num_new, batch)
 
-    def _num_new_tokens(self, request: Request, num_computed: int, batch: _Batch) -> int:
+    def _num_new_tokens(self, request: Request, num_computed: int, batch: StepBatch) -> int:
         """Tokens to compute for a request entering the batch with num_computed tokens' KV in
         place; 0 if it does not fit the budget."""
         num_new = request.num_tokens - num_computed
@@ -319,7 +281,7 @@ class Scheduler:
             return num_new
         return batch.token_budget if self.config.enable_chunked_prefill else 0
 
-    def _start(self, request: Request, num_new: int, batch: _Batch) -> None:
+    def _start(self, request: Request, num_new: int, batch: StepBatch) -> None:
         """Send a request the worker holds no state for: all its tokens and blocks, once."""
         assert not request.num_inflight_tokens, f"{request} starts with a step of it in flight"
         request.status = RUNNING
