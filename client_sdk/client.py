@@ -4,6 +4,9 @@ info, health, abort) over one connection to the scheduler's frontend.
 The connection, its reader task, the sinks that take each request's outputs and the deadlines
 are the transport's (transport.py); a request's choices are claimed, given their sinks and
 released through LiveChoices (live_choices.py), the one helper every call shares.
+
+A little over 300 lines: one class on purpose, since every call shares the model info and the
+tokenizer it caches; what stands alone lives beside it (batch.py, batch_inputs.py, choice.py).
 """
 import asyncio
 import functools
