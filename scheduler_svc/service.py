@@ -40,7 +40,7 @@ logger = logging.getLogger("stepserve.scheduler")
 
 
 class SchedulerService:
-    def __init__(self, frontend_address: str, workers_address: str, config: SchedulerConfig,
+    def __init__(self, frontend_address: str, worker_address: str, config: SchedulerConfig,
                  worker_timeout_s: float = 10.0, max_message_bytes: int = 256 << 20,
                  check_integrity_when_idle: bool = True, enable_metrics: bool = False,
                  max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS, drain_timeout_s: float = 30.0,
@@ -53,7 +53,7 @@ class SchedulerService:
         # Prometheus metrics (--metrics-port); None when off, and then they cost nothing.
         self.metrics = SchedulerMetrics(self._health) if enable_metrics else None
         self.frontend_address = frontend_address
-        self.workers_address = workers_address
+        self.worker_address = worker_address
         self.worker_timeout_s = worker_timeout_s
         self.max_message_bytes = max_message_bytes
         self.check_integrity_when_idle = check_integrity_when_idle
@@ -70,7 +70,7 @@ class SchedulerService:
         self.ctx = zmq.asyncio.Context()
         self.front_door.open(self.ctx)  # before any bind: every handshake is checked
         self.frontend = self._router(self.frontend_address)
-        self.workers = self._router(self.workers_address)
+        self.workers = self._router(self.worker_address)
         self.worker_connections = WorkerConnections(self.workers)
         logger.info("scheduler instance %s", self.instance_id)
         return (self.frontend.getsockopt_string(zmq.LAST_ENDPOINT),
