@@ -247,6 +247,7 @@ def test_errors_have_openai_shape(api, cluster):
                        ({"prompt": "x", "logit_bias": {"5": 101}}, "invalid_params"),
                        ({"prompt": "x", "logit_bias": {"five": 1}}, "invalid_params"),
                        ({"prompt": "x", "logit_bias": {"100000": 1}}, "invalid_params"),
+                       ({"prompt": "x", "echo": True, "max_tokens": 0, "logprobs": 21}, "invalid_params"),
                        ({"prompt": []}, "invalid_params"),
                        ({"prompt": "x", "model": "no-such-model"}, "model_not_found")):
         status, text = post_json(url, body)

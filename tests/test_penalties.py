@@ -91,9 +91,13 @@ def test_greedy_with_each_adjustment_matches_the_reference(folder, async_schedul
     # the others must leave it for the logits path, all in one batch.
     params = [SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, **fields)
               for fields, _ in CASES for _ in PROMPTS]
+    # With async scheduling, 10 KV blocks of 16 tokens for 24 requests: some are preempted by
+    # recompute and come back with their tokens, from which the worker rebuilds their counts.
+    worker_args = ["--num-gpu-blocks", "10"] if async_scheduling else []
     with LLM(model=folder, dtype="float32", kv_cache_gb=0.05, async_scheduling=async_scheduling,
-             enforce_eager=async_scheduling) as llm:
+             enforce_eager=async_scheduling, worker_args=worker_args) as llm:
         outputs = llm.generate(PROMPTS * len(CASES), params, use_tqdm=False)
+        assert (llm.client.health().num_preemptions > 0) == async_scheduling
     got = [[o.outputs[0].token_ids for o in outputs[i:i + len(PROMPTS)]]
            for i in range(0, len(outputs), len(PROMPTS))]
     for (fields, _), want, have in zip(CASES, expected, got):
