@@ -117,8 +117,9 @@ class StructuredOutputs:
         compiler = self._grammar_compiler()
         try:
             if params.json is not None:
-                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
-                return compiler.compile_json_schema(schema, any_whitespace=False)
+                schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+                return compiler.compile_json_schema(json.dumps(bounded_strings_as_patterns(schema)),
+                                                    any_whitespace=False)
             if params.json_object:  # OpenAI's json_object: an object (xgrammar's builtin is any value)
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if params.regex is not None:
@@ -194,6 +195,30 @@ class StructuredOutputs:
                 continue
             if not state.matcher.accept_token(token):
                 log.warning("row %d: token %d does not follow its grammar", row, token)
+
+
+# A JSON string's characters: not '"', not '\\', not a control character (as a regex over the
+# string's content, which is how xgrammar applies a schema's pattern).
+_PLAIN_CHARACTERS = '[^"\\\\\\u0000-\\u001f]'
+
+
+def bounded_strings_as_patterns(schema):
+    """The schema with each string bounded by minLength / maxLength (and no pattern, format,
+    enum or const of its own) given the pattern of those bounds over plain characters.
+
+    Why: xgrammar 0.2.9 writes such a string as [^"\\\r\n]{min,max}, which admits raw control
+    characters (NUL, tab, ...), so a model could emit a string that no JSON parser accepts
+    (seen: '{"name": "\x00\x00"}' from a random-weight model). Its rule for a pattern excludes
+    them. The language is otherwise the same: neither admits escapes inside a bounded string."""
+    if isinstance(schema, list):
+        return [bounded_strings_as_patterns(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bounded_strings_as_patterns(value) for key, value in schema.items()}
+    if (out.get("type") == "string" and ("minLength" in out or "maxLength" in out)
+            and not {"pattern", "format", "enum", "const"} & out.keys()):
+        out["pattern"] = f"^{_PLAIN_CHARACTERS}{{{out.get('minLength', 0)},{out.get('maxLength', '')}}}$"
+    return out
 
 
 def choice_grammar(choices: list[str]) -> str:
