@@ -8,7 +8,7 @@ from client_sdk.launcher import LocalCluster
 from protocol.client_messages import BATCH_PRIORITY
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 
-LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=40)
+LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=16)
 SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
 
 
@@ -17,7 +17,7 @@ async def test_an_interactive_request_preempts_a_running_batch_request():
                       scheduler_args=["--max-num-seqs", "2", "--scheduling-policy", "priority"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=60) as client:
             await client.wait_for_workers(1)
-            prompts = [[5 + i, 6, 7] for i in range(6)]
+            prompts = [[5 + i, 6, 7] for i in range(4)]
             alone = [o.outputs[0].token_ids for o in await client.generate_batch(prompts, LONG)]
             batch = asyncio.ensure_future(client.generate_batch(prompts, LONG, priority=BATCH_PRIORITY))
             while (await client.health()).num_running < 2:
