@@ -117,6 +117,15 @@ def cmd_run_batch(args: argparse.Namespace) -> int:
         raise MissingExtra(f"stepserve run-batch reads requests as the HTTP gateway does, which needs {e.name}: "
                            "pip install 'stepserve[server]'") from None
     return run_batch(args)
+def cmd_models(args: argparse.Namespace) -> int:
+    from worker_svc import presets
+    from worker_svc.models import ROPE_TYPES, supported_architectures
+    print("architectures (config.json's \"architectures\"):")
+    for name in supported_architectures():
+        print(f"  {name}")
+    print(f"RoPE types (rope_parameters / rope_scaling \"rope_type\"): {', '.join(ROPE_TYPES)}")
+    print(f"presets (random weights, no download): {', '.join(sorted(presets.PRESETS))}")
+    return 0
 
 
 def add_worker_address_flag(p: argparse.ArgumentParser, default: str) -> None:
@@ -190,6 +199,8 @@ def main(argv=None) -> int:
                            help="a running scheduler's frontend; else start a local cluster")
     run_batch.add_argument("--served-model-name", default=None, help="the model's name in requests and responses")
     run_batch.set_defaults(func=cmd_run_batch)
+    models = sub.add_parser("models", help="the model architectures, RoPE types and presets a worker serves")
+    models.set_defaults(func=cmd_models)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -18,6 +18,7 @@ from client_sdk.chat_template import render_chat
 from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
 from client_sdk.errors import ChatTemplateError, ServiceError, request_failure
 from client_sdk.live_choices import LiveChoices
+from client_sdk.model_defaults import default_sampling_params
 from client_sdk.outputs import RequestOutput, StreamDelta, prompt_logprobs
 from client_sdk.tokenizer import TextCodec
 from client_sdk.transport import Transport
@@ -90,6 +91,11 @@ class AsyncClient:
     async def model_info(self) -> ModelInfo:
         return await self._transport.query(ModelInfoQuery(), ModelInfo, self.timeout_s)
 
+    async def default_sampling_params(self) -> SamplingParams:
+        """What a request given no SamplingParams samples with: the model's generation_config
+        defaults (model_defaults.py); SamplingParams' own until a worker has joined."""
+        return default_sampling_params(await self.served_model())
+
     async def health(self) -> Health:
         return await self._transport.query(HealthQuery(), Health, self.timeout_s)
 
@@ -128,7 +134,7 @@ class AsyncClient:
         """Yields a delta of new tokens (and text) per step until the request finishes; with
         n > 1 the deltas of the n choices interleave, told apart by `index`."""
         self._transport.start()
-        params = validated(params)
+        params = validated(params if params is not None else await self.default_sampling_params())
         prompt_ids = await self._prompt_ids(prompt)
         codec = await (self.text_codec() if params.stop else self._text_codec())
         queue: asyncio.Queue[tuple[int, WireOutput]] = asyncio.Queue()
@@ -183,6 +189,8 @@ class AsyncClient:
         """
         if request_ids is not None and len(request_ids) != len(prompts):
             raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
+        if params is None:
+            params = await self.default_sampling_params()
         params_of = params_per_prompt(params, len(prompts))
         if window is None:
             window = await self._default_window(sum(p.n for p in params_of))
@@ -251,7 +259,7 @@ class AsyncClient:
                     prompt, p, prio, *request_id = item
                     request_id = request_id[0] if request_id else None
                     if p is not given or checked is None:
-                        given, checked = p, validated(p)
+                        given, checked = p, validated(p if p is not None else await self.default_sampling_params())
                     entry = await self._prompt_in_flight(index, prompt, checked, request_id, collector)
                     live[index] = entry
                     p = entry.choices[0].params

@@ -22,6 +22,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="priority: lower priority values first; batch jobs yield to interactive requests")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run the model op by op instead of the compiled step (faster start-up)")
+    p.add_argument("--generation-config", default=None, metavar="auto|vllm|FOLDER",
+                   help="sampling defaults for requests that leave them unset: auto (default), the model "
+                        "folder's generation_config.json; vllm, none; or another folder's")
     p.add_argument("--compile-cache-dir", default=None,
                    help="where compiled graphs persist across starts (default ~/.cache/stepserve)")
     p.add_argument("--curve-keys", default=None, metavar="DIR",
@@ -39,7 +42,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy",
                       "enable_prefix_caching", "async_scheduling")
 _WORKER_OPTIONS = ("dtype", "load_format", "kv_cache_gb", "max_model_len", "gpu_memory_utilization",
-                   "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir")
+                   "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir",
+                   "generation_config")
 
 
 def child_args(**options) -> tuple[list[str], list[str]]:

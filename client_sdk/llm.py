@@ -41,6 +41,7 @@ class LLM:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool | None = None, async_scheduling: bool | None = None,
                  scheduling_policy: str | None = None, enforce_eager: bool | None = None,
+                 generation_config: str | None = None,
                  compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
                  curve_server_key: str | None = None, curve_secret_key: str | None = None):
@@ -48,6 +49,7 @@ class LLM:
             dtype=dtype, load_format=load_format, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, swap_space_gb=swap_space, device=device,
             block_size=block_size, enforce_eager=enforce_eager, compile_cache_dir=compile_cache_dir,
+            generation_config=generation_config,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             preemption="swap" if swap_space else None, enable_prefix_caching=enable_prefix_caching,
             async_scheduling=async_scheduling, scheduling_policy=scheduling_policy)
@@ -110,6 +112,11 @@ class LLM:
                                                    **(chat_template_kwargs or {})) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate uses when given no sampling_params: the model folder's
+        generation_config.json defaults (none with generation_config="vllm"), as vLLM's LLM."""
+        return self.client.default_sampling_params()
+
     def get_tokenizer(self):
         """The model's `tokenizers.Tokenizer`."""
         return self.client.text_codec().tokenizer
@@ -125,7 +132,8 @@ class LLM:
         """With LLM(seed=...): a seed of its own for each request that has none."""
         if self._seeds is None:
             return params
-        per_prompt = params if isinstance(params, (list, tuple)) else [params or SamplingParams()] * num_prompts
+        params = params if params is not None else self.get_default_sampling_params()
+        per_prompt = params if isinstance(params, (list, tuple)) else [params] * num_prompts
         return [p if p.seed is not None or p.temperature == 0
                 else msgspec.structs.replace(p, seed=self._seeds.randrange(1 << 31)) for p in per_prompt]
 

@@ -64,6 +64,9 @@ class Client:
     def model_info(self):
         return self._call(self._async.model_info())
 
+    def default_sampling_params(self):
+        return self._call(self._async.default_sampling_params())
+
     def health(self):
         return self._call(self._async.health())
 

@@ -83,7 +83,7 @@ async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Cha
         if not 0 <= num_logprobs <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = sampling_params(req, max_tokens_for(info, len(ids), max_tokens), num_logprobs)
+    params = sampling_params(req, max_tokens_for(info, len(ids), max_tokens), num_logprobs, info=info)
     job = Job(new_id("chatcmpl"), upstream.name_of(info), [ids], [params], req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
     return job, ChatFormatter(req, codec)

@@ -109,7 +109,8 @@ async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Completi
         check_token_ids(info, prompt_ids)
     prompt_logprobs = req.logprobs if req.echo else None
     max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens  # scoring: CompletionFormatter
-    params = [sampling_params(req, max_tokens_for(info, len(p), max_tokens), req.logprobs, prompt_logprobs)
+    params = [sampling_params(req, max_tokens_for(info, len(p), max_tokens), req.logprobs, prompt_logprobs,
+                              info=info)
               for p in ids]
     if params[0].stop and codec is None:
         raise bad_request("stop strings need the model's tokenizer", "no_tokenizer", param="stop")

@@ -8,7 +8,9 @@ from typing import Any
 
 import msgspec
 
+from client_sdk.model_defaults import with_model_defaults
 from gateway_svc.errors import bad_request
+from protocol.client_messages import ModelInfo
 from protocol.sampling import SamplingParams
 
 
@@ -123,8 +125,9 @@ def structured_outputs(req: _SamplingFields) -> dict[str, Any] | None:
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
-    """The request's sampling; a 400 that names the field when a value is out of range."""
+                    prompt_logprobs: int | None = None, info: ModelInfo | None = None) -> SamplingParams:
+    """The request's sampling, the model's defaults (info.sampling_defaults) for the fields it
+    omits; a 400 that names the field when a value is out of range."""
     fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
                               "prompt_logprobs": prompt_logprobs,
                               "seed": req.seed, "ignore_eos": req.ignore_eos, "logprobs": num_logprobs,
@@ -140,6 +143,6 @@ def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | N
     if structured is not None:
         fields["structured_outputs"] = structured
     try:
-        return msgspec.convert(fields, SamplingParams)
+        return msgspec.convert(with_model_defaults(fields, info), SamplingParams)
     except msgspec.ValidationError as e:
         raise bad_request(f"invalid sampling parameters: {e}") from None

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUEST_ID_LEN, MAX_REQUESTS_PER_MESSAGE
-from protocol.sampling import SamplingParams, TokenId
+from protocol.sampling import SamplingDefaults, SamplingParams, TokenId
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_LEN)]
 FinishReason = Literal["length", "stop", "abort", "error"]
@@ -104,6 +104,8 @@ class ModelInfo(Message, tag=True):
     dtype: str = ""
     device: str = ""
     compiled: bool = False
+    # The model's sampling defaults (generation_config.json) for fields a request leaves unset
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
 
 class ReplicaHealth(msgspec.Struct, array_like=True):

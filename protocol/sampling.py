@@ -117,3 +117,17 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         """The worker must see this request's full logits (not the fused greedy head's argmax)."""
         return (self.temperature != 0 or self.logprobs is not None or self.has_penalties or bool(self.logit_bias)
                 or bool(self.bad_words) or self.allowed_token_ids is not None or self.structured_outputs is not None)
+
+
+class SamplingDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A model's own sampling defaults: its folder's generation_config.json, unless the worker
+    runs with --generation-config vllm. A request that leaves a field unset takes the value here
+    (None: SamplingParams' default), as vLLM does; the SDK applies them (client_sdk/model_defaults.py).
+    The worker reads them, its hello and ModelInfo carry them. repetition_penalty travels even
+    where SamplingParams has no such field yet: the SDK applies the fields SamplingParams has."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] | None = None

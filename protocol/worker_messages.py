@@ -10,7 +10,7 @@ import msgspec
 from protocol.client_messages import TokenLogprobs
 from protocol.limits import (MAX_BLOCKS, MAX_MODEL_LEN, MAX_NAME_LEN, MAX_STATE_SLOTS, MAX_TENSOR_PARALLEL_SIZE,
                              MAX_VOCAB_SIZE)
-from protocol.sampling import SamplingParams
+from protocol.sampling import SamplingDefaults, SamplingParams
 
 BlockId = Annotated[int, msgspec.Meta(ge=0)]
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LEN)]
@@ -50,6 +50,8 @@ class WorkerHello(Message, tag=True):
     chat_template: str | None = None
     special_tokens: dict[str, str] = {}
     compiled: bool = False  # the model's step runs compiled (torch.compile), not op by op
+    # generation_config.json's sampling defaults, relayed to clients in ModelInfo
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
 
 class StepResult(Message, tag=True):

@@ -13,7 +13,8 @@ def model_info(hello: WorkerHello | None, num_replicas: int, max_queued_requests
                      eos_token_ids=hello.eos_token_ids, tokenizer_json=hello.tokenizer_json,
                      num_replicas=num_replicas, chat_template=hello.chat_template,
                      special_tokens=hello.special_tokens, max_queued_requests=max_queued_requests,
-                     instance_id=instance_id, dtype=hello.dtype, device=hello.device, compiled=hello.compiled)
+                     instance_id=instance_id, dtype=hello.dtype, device=hello.device, compiled=hello.compiled,
+                     sampling_defaults=hello.sampling_defaults)
 
 
 def health(replicas: list[Replica], num_pending: int, num_finished: int) -> Health:

@@ -74,3 +74,18 @@ def test_prefix_caching_flags_reach_the_scheduler():
         assert scheduler_argv == [flag]
         assert parse_args(scheduler_argv).enable_prefix_caching == (flag == "--enable-prefix-caching")
     assert parse_args([]).enable_prefix_caching is True
+
+
+def test_models_lists_every_architecture_and_rope_type_and_tiny_qwen3_benches():
+    from worker_svc.models import ROPE_TYPES, supported_architectures
+    out = subprocess.run([*STEPSERVE, "models"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    listed = {line.strip() for line in out.stdout.splitlines()}
+    assert {"Qwen3ForCausalLM", "Phi3ForCausalLM", "LlamaForCausalLM"} <= listed
+    assert set(supported_architectures()) <= listed  # the registry's, other families' included
+    assert all(rope_type in out.stdout for rope_type in ROPE_TYPES) and "tiny-qwen3" in out.stdout
+    out = subprocess.run([*STEPSERVE, "bench", "throughput", "--model", "tiny-qwen3", "--enforce-eager",
+                          "--num-prompts", "16", "--input-len", "8", "--output-len", "4", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["num_prompts"] == 16

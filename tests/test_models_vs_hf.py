@@ -27,9 +27,11 @@ def _prompts(vocab_size: int) -> list[list[int]]:
 
 def _hf_greedy(folder: str, prompts: list[list[int]]) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     outputs = []
     for prompt in prompts:  # one at a time: no padding, so positions are plain
+        # A fresh model per prompt: transformers' dynamic rope keeps the frequencies of the
+        # longest sequence seen until a shorter one resets them, so each output is its prompt's alone.
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         ids = model.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS,
                              min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
         outputs.append(ids[0, len(prompt):].tolist())

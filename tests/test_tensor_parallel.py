@@ -11,7 +11,7 @@ import pytest
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
 from tests.e2e_helpers import COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, wait_until_idle
-from tests.hf_model_folders import make_llama_folder, make_mixtral_folder, make_opt_folder
+from tests.hf_model_folders import make_llama_folder, make_mixtral_folder, make_opt_folder, make_qwen3_folder
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 LENGTHS = (1, 3, 17, 40)  # decodes next to prefills, the 40-token ones chunked (budget below)
@@ -85,6 +85,16 @@ def test_mixtral_group_of_two_matches_one_compiled_worker_and_transformers(tmp_p
     prompts = _prompts(12, seed=5)
     with contextlib.ExitStack() as stack:
         group, alone = _start(stack, folder, 2), _start(stack, folder, 1, COMPILED_WORKER_ARGS)
+        (by_group, _), (by_one, _) = asyncio.run(_gather(_generate(group, 2, prompts), _generate(alone, 1, prompts)))
+    assert by_group == by_one == hf_greedy(folder, prompts, GREEDY.max_tokens)
+
+
+def test_qwen3_group_of_two_matches_one_worker_and_transformers(tmp_path):
+    """Each rank: 2 query heads over 1 KV head, the q/k norms whole (one weight per head_dim)."""
+    folder = make_qwen3_folder(str(tmp_path / "qwen3"))
+    prompts = _prompts(12, seed=5)
+    with contextlib.ExitStack() as stack:
+        group, alone = _start(stack, folder, 2), _start(stack, folder, 1)
         (by_group, _), (by_one, _) = asyncio.run(_gather(_generate(group, 2, prompts), _generate(alone, 1, prompts)))
     assert by_group == by_one == hf_greedy(folder, prompts, GREEDY.max_tokens)
 

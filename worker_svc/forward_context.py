@@ -19,6 +19,9 @@ class ForwardContext:
     caches: ModelCaches = field(default_factory=ModelCaches)
     attn_metadata: object | None = None  # attention.AttentionMetadata; None without attention
     state_layout: object | None = None  # models.state_layout.StateLayout for state models
+    # [T] int64: each token's rope length, for rotary types that depend on a sequence length
+    # (models/rotary.py); None for the others
+    rope_lengths: object | None = None
 
 
 # A context variable, not a global: each thread sees its own (the ranks of an in-process

@@ -11,12 +11,15 @@ import os
 import zlib
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 
+from protocol.sampling import SamplingDefaults
 from worker_svc import presets
 from worker_svc.byte_tokenizer import byte_tokenizer_json
 from worker_svc.model_config import read_config
 from worker_svc.models import model_class
+from worker_svc.models.layers import shard_full
 from worker_svc.parallel import TensorParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,6 +38,7 @@ class LoadedModel:
     eos_token_ids: list[int]
     chat_template: str | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ...
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     @property
     def dtype_name(self) -> str:
@@ -43,9 +47,10 @@ class LoadedModel:
 
 def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
                load_format: str = "auto", seed: int = 0,
-               tp: TensorParallel = TensorParallel()) -> LoadedModel:
+               tp: TensorParallel = TensorParallel(), generation_config: str = "auto") -> LoadedModel:
     """model: a preset name (presets.PRESETS) or a Hugging Face model folder; tp: which shard
-    of it this process holds."""
+    of it this process holds; generation_config: where sampling defaults come from
+    (runner_config.RunnerConfig.generation_config)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} not in {LOAD_FORMATS}")
     device = torch.device(device)
@@ -70,9 +75,11 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
     else:
         module.load_weights(_iter_checkpoint(model, load_format))
     module.eval()
-    eos = _eos_token_ids(config, None if presets.is_preset(model) else model)
+    folder = None if presets.is_preset(model) else model
+    eos = _eos_token_ids(config, folder)
+    defaults_folder = {"auto": folder, "vllm": None}.get(generation_config, generation_config)
     return LoadedModel(model, config, module, torch_dtype, device, tokenizer_json, eos, chat_template,
-                       special_tokens)
+                       special_tokens, sampling_defaults(defaults_folder))
 
 
 def read_chat_template(folder: str) -> tuple[str | None, dict[str, str]]:
@@ -134,17 +141,8 @@ def init_dummy_weights(module: torch.nn.Module, seed: int = 0) -> None:
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         values = torch.randn(shape, generator=generator, dtype=torch.float32)
         if shardable:
-            values = _shard_full(owner, param_name, values)
+            values = shard_full(owner, param_name, values)
         param.copy_(values.mul_(_DUMMY_STD))
-
-
-def _shard_full(layer: torch.nn.Module, param_name: str, full: torch.Tensor) -> torch.Tensor:
-    """full: a parameter as an unsharded layer holds it (q | k | v fused) -> this rank's
-    q_r | k_r | v_r, each part sliced on its own like a checkpoint's q_proj, k_proj, v_proj.
-    A layer without full_shard_sizes (stacked experts) slices its fused parts itself."""
-    sizes = getattr(layer, "full_shard_sizes", ())
-    parts = full.split(sizes) if sizes else (full,)
-    return torch.cat([layer.shard(param_name, part) for part in parts])
 
 
 def _iter_checkpoint(folder: str, load_format: str):
@@ -164,13 +162,35 @@ def _iter_checkpoint(folder: str, load_format: str):
 
 
 def _eos_token_ids(config: dict, folder: str | None) -> list[int]:
-    ids = config.get("eos_token_id")
-    generation = folder and _read_optional(os.path.join(folder, "generation_config.json"))
-    if generation is not None:
-        ids = json.loads(generation).get("eos_token_id", ids)
-    if ids is None:
-        return []
-    return [ids] if isinstance(ids, int) else list(ids)
+    """config.json's EOS ids and generation_config.json's extra ones (always: vLLM reads those
+    whatever --generation-config says)."""
+    ids = []
+    for value in (config.get("eos_token_id"), _generation_config(folder).get("eos_token_id")):
+        for token_id in [value] if isinstance(value, int) else value or []:
+            if token_id not in ids:
+                ids.append(token_id)
+    return ids
+
+
+# transformers' GenerationConfig defaults: a value equal to one is not the model's own choice
+# (vLLM reads generation_config.json through to_diff_dict, which drops them).
+_TRANSFORMERS_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "repetition_penalty": 1.0}
+
+
+def sampling_defaults(folder: str | None) -> SamplingDefaults:
+    """The sampling defaults of a folder's generation_config.json (none without a folder)."""
+    generation = _generation_config(folder)
+    fields = {name: generation[name] for name, default in _TRANSFORMERS_DEFAULTS.items()
+              if generation.get(name, default) != default}
+    try:
+        return msgspec.convert(fields, SamplingDefaults)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"{folder}/generation_config.json: {e}") from None
+
+
+def _generation_config(folder: str | None) -> dict:
+    text = folder and _read_optional(os.path.join(folder, "generation_config.json"))
+    return json.loads(text) if text else {}
 
 
 def _read_optional(path: str) -> str | None:

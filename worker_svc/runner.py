@@ -28,6 +28,7 @@ from worker_svc.loader import load_model
 from worker_svc.logits_processors import LogitsProcessors
 from worker_svc.model_executor import ModelExecutor
 from worker_svc.models.base import ModelCaches
+from worker_svc.models.rotary import max_model_len
 from worker_svc.models.state_layout import StateLayout
 from worker_svc.parallel import TensorParallel, init_process_group
 from worker_svc.prompt_logprobs import score_prompts
@@ -47,12 +48,16 @@ class ModelRunner:
         self.tp = TensorParallel(config.tensor_parallel_size, config.rank)
         # Load before joining the group: a model that cannot be sharded fails at once.
         self.loaded = load_model(config.model, dtype=config.dtype, device=config.device,
-                                 load_format=config.load_format, seed=config.seed, tp=self.tp)
+                                 load_format=config.load_format, seed=config.seed, tp=self.tp,
+                                 generation_config=config.generation_config)
         init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
         model_config = self.loaded.config
         self.vocab_size = model_config["vocab_size"]
-        self.max_model_len = config.max_model_len or model_config.get("max_position_embeddings", 2048)
+        self.max_model_len = config.max_model_len or max_model_len(model_config)
+        # A rotary embedding whose frequencies depend on a sequence length (models/rotary.py)
+        rotary = getattr(self.model, "rotary", None)
+        self.rotary = rotary if getattr(rotary, "uses_lengths", False) else None
         self.block_size = config.block_size
         self.spec = self.model.cache_spec()  # this rank's KV heads only
         self.num_gpu_blocks = config.num_gpu_blocks
@@ -162,6 +167,8 @@ class ModelRunner:
 
     def _run(self, step_id: int, rows: np.ndarray, query_lens: np.ndarray) -> StepResult:
         """rows, query_lens in plan order; the step runs decodes first, results in plan order."""
+        if self.rotary is not None and self.rotary.recompute_past is not None:
+            self._recompute_crossing_rows(rows, query_lens, self.rotary.recompute_past)
         order = np.argsort(query_lens != 1, kind="stable")
         rows, query_lens = rows[order], query_lens[order]
         inputs, context = self._prepare(rows, query_lens)
@@ -196,6 +203,15 @@ class ModelRunner:
                                table.num_computed[rows], query_lens, num_logprobs)
         return {int(order[j]): chunk for j, chunk in scored.items()}
 
+    def _recompute_crossing_rows(self, rows: np.ndarray, query_lens: np.ndarray, length: int) -> None:
+        """Requests whose sequence passes `length` in this step compute again from token 0 (their
+        K/V so far used the other rotary frequencies): Phi-3's longrope, as its generate does."""
+        num_computed = self.requests.num_computed[rows]
+        crossing = (num_computed > 0) & (num_computed <= length) & (num_computed + query_lens > length)
+        if crossing.any():
+            query_lens[crossing] += num_computed[crossing]
+            self.requests.num_computed[rows[crossing]] = 0
+
     def _prepare(self, rows: np.ndarray, query_lens: np.ndarray) -> tuple[StepInputs, ForwardContext]:
         """The step's inputs (numpy) and forward context (metadata tensors), decodes first."""
         inputs = self.requests.prepare_inputs(
@@ -209,10 +225,24 @@ class ModelRunner:
             context.attn_metadata = build_attention_metadata(
                 query_lens, inputs.num_computed_tokens, inputs.block_tables, inputs.slot_mapping,
                 self.block_size, self.device)
+        if self.rotary is not None:
+            context.rope_lengths = self._rope_lengths(inputs, rows, query_lens)
         if self.spec.has_state:
             context.state_layout = StateLayout.build(
                 query_lens, inputs.num_computed_tokens, self.requests.state_slot[rows], self.device)
         return context
+
+    def _rope_lengths(self, inputs: StepInputs, rows: np.ndarray, query_lens: np.ndarray) -> torch.Tensor:
+        """[T]: each token's rope length (models/rotary.py): max(anchor, position + 1), the anchor
+        being its request's prompt length, or its whole length after this step (Phi-3)."""
+        if self.rotary.length_anchor == "sequence":
+            anchors = inputs.num_computed_tokens + query_lens
+        else:
+            anchors = self.requests.num_prompt[rows]
+        num_tokens = int(query_lens.sum())
+        lengths = np.ones(len(inputs.positions), dtype=np.int64)  # padding: any valid length
+        lengths[:num_tokens] = np.maximum(np.repeat(anchors, query_lens), inputs.positions[:num_tokens] + 1)
+        return torch.from_numpy(lengths).to(self.device, non_blocking=True)
 
     def _token_tensors(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.from_numpy(inputs.input_ids).to(self.device, non_blocking=True),
@@ -269,7 +299,7 @@ class ModelRunner:
             tokenizer_json=self.loaded.tokenizer_json,
             tensor_parallel_size=self.tp.size, rank=self.tp.rank, group_id=group_id,
             chat_template=self.loaded.chat_template, special_tokens=self.loaded.special_tokens,
-            compiled=self.executor.compiled)
+            compiled=self.executor.compiled, sampling_defaults=self.loaded.sampling_defaults)
 
     def stats(self) -> dict[str, int]:
         """Field names of protocol Heartbeat: Heartbeat(worker_id=..., **runner.stats())."""

@@ -1,5 +1,6 @@
 """RunnerConfig: how a worker loads its model and sizes its memory; validated where built."""
 import argparse
+import os
 import typing
 from dataclasses import dataclass, fields
 
@@ -26,6 +27,9 @@ class RunnerConfig:
     # Run the model eagerly, op by op, instead of the compiled graph (model_executor.py).
     enforce_eager: bool = False
     compile_cache_dir: str | None = None  # None: ~/.cache/stepserve (compile_cache.py)
+    # Sampling defaults for requests that leave a field unset: "auto", the model folder's
+    # generation_config.json; "vllm", none (SamplingParams' own); or a folder holding one.
+    generation_config: str = "auto"
 
     def __post_init__(self):
         if self.block_size <= 0 or self.num_state_slots < 0:
@@ -37,6 +41,8 @@ class RunnerConfig:
         if not 0 <= self.rank < self.tensor_parallel_size:
             raise ValueError(f"rank {self.rank} not in [0, tensor_parallel_size "
                              f"{self.tensor_parallel_size})")
+        if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
+            raise ValueError(f"generation_config {self.generation_config!r}: 'auto', 'vllm' or a folder")
         if self.tensor_parallel_size > 1 and not self.dist_init_address:
             raise ValueError("--dist-init-address is required when --tensor-parallel-size > 1")
 

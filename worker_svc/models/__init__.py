@@ -1,5 +1,9 @@
-"""Model classes by the `architectures` name of a Hugging Face config.json."""
+"""Model classes by the `architectures` name of a Hugging Face config.json, and the rotary
+embedding types they may use: what the worker serves (`stepserve models` lists both). Imports
+no torch, so a client-only install can list them."""
 import importlib
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")  # models/rotary.py
 
 _ARCHITECTURES = {
     "LlamaForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
@@ -10,10 +14,15 @@ _ARCHITECTURES = {
     "Gemma3ForCausalLM": ("worker_svc.models.gemma", "GemmaForCausalLM"),
     "MixtralForCausalLM": ("worker_svc.models.mixtral", "MixtralForCausalLM"),
     "Qwen3MoeForCausalLM": ("worker_svc.models.mixtral", "Qwen3MoeForCausalLM"),
+    "Phi3ForCausalLM": ("worker_svc.models.llama", "LlamaForCausalLM"),
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),
 }
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_ARCHITECTURES)
 
 
 def supported_architecture(config: dict) -> str:

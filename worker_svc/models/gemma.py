@@ -21,8 +21,8 @@ from torch import nn
 from worker_svc.models.base import CausalLM
 from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.layer_types import SLIDING, sliding_windows
-from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
-from worker_svc.models.llama import rope_theta
+from worker_svc.models.layers import Embedding, Linear, RMSNorm
+from worker_svc.models.rotary import RotaryEmbedding, max_model_len, rope_parameters
 from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
 
@@ -30,16 +30,14 @@ from worker_svc.parallel import TensorParallel
 _DEFAULT_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 
 
-def _rope_config(config: dict, layer_type: str) -> dict:
-    """The rotary settings of one layer type, as a config of its own: transformers 5 keys
-    rope_parameters by layer type for Gemma 3; older Gemma 3 folders give the local layers
-    rope_local_base_freq (default rope, no scaling); Gemma 2 shares one for both."""
-    rope = config.get("rope_parameters") or {}
-    if layer_type in rope:
-        return {"rope_parameters": rope[layer_type]}
-    if layer_type == SLIDING and "rope_local_base_freq" in config:
-        return {"rope_theta": config["rope_local_base_freq"]}
-    return config
+def _rope(config: dict, layer_type: str) -> dict:
+    """The rotary parameters of one layer type (rotary.rope_parameters): transformers 5 keys
+    Gemma 3's by layer type; older Gemma 3 folders give the local layers rope_local_base_freq
+    (default rope, no scaling); Gemma 2 shares one for both."""
+    nested = layer_type in (config.get("rope_parameters") or {})
+    if layer_type == SLIDING and not nested and "rope_local_base_freq" in config:
+        return {"rope_type": "default", "rope_theta": config["rope_local_base_freq"]}
+    return rope_parameters(config, layer_type)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -88,11 +86,15 @@ class GemmaForCausalLM(CausalLM):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(hidden_size, config["vocab_size"], False, dtype)
         self.final_logit_softcapping = config.get("final_logit_softcapping")
-        head_dim, max_positions = self.layers[0].self_attn.head_dim, config.get("max_position_embeddings", 8192)
-        thetas = {kind: rope_theta(_rope_config(config, kind)) for kind in ("full_attention", SLIDING)}
-        self.rotary = RotaryEmbedding(head_dim, max_positions, thetas["full_attention"], dtype)
-        self.local_rotary = (self.rotary if thetas[SLIDING] == thetas["full_attention"]  # Gemma 2: one
-                             else RotaryEmbedding(head_dim, max_positions, thetas[SLIDING], dtype))
+        head_dim = self.layers[0].self_attn.head_dim
+        ropes = {kind: _rope(config, kind) for kind in ("full_attention", SLIDING)}
+
+        def rotary(rope: dict) -> RotaryEmbedding:
+            return RotaryEmbedding(rope, head_dim, max_model_len(config), dtype,
+                                   config_max_position_embeddings=config.get("max_position_embeddings"))
+
+        self.rotary = rotary(ropes["full_attention"])
+        self.local_rotary = self.rotary if ropes[SLIDING] == ropes["full_attention"] else rotary(ropes[SLIDING])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [T, hidden]

@@ -48,6 +48,16 @@ class Linear(nn.Module):
         return full
 
 
+def shard_full(layer: nn.Module, param_name: str, full: torch.Tensor) -> torch.Tensor:
+    """full: a parameter as an unsharded layer holds it (q | k | v fused: seeded random weights,
+    or a checkpoint that saves it fused, Phi-3's qkv_proj) -> this rank's q_r | k_r | v_r, each
+    part sliced on its own like a checkpoint's q_proj, k_proj, v_proj. A layer without
+    full_shard_sizes (stacked experts) slices its fused parts itself."""
+    sizes = getattr(layer, "full_shard_sizes", ())
+    parts = full.split(sizes) if sizes else (full,)
+    return torch.cat([layer.shard(param_name, part) for part in parts])
+
+
 class Embedding(nn.Module):
     """scale: rows are multiplied by it (Gemma: sqrt(hidden_size)), rounded to the model's dtype
     first, as transformers' scaled embedding does."""
@@ -80,29 +90,6 @@ class RMSNorm(nn.Module):
         if self.unit_offset:
             return (x32 * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding (rotate_half), cos/sin precomputed for every position."""
-
-    def __init__(self, head_dim: int, max_positions: int, theta: float, dtype: torch.dtype):
-        super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-        freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]  # [P, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions: [T]; q: [T, H, D], k: [T, Hkv, D] -> rotated q, k."""
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 # Hugging Face projection name -> (our fused parameter's module name, shard index)
@@ -164,7 +151,7 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
             continue
         module = modules.get(name.rsplit(".", 1)[0])
         if hasattr(module, "shard"):  # a Linear, or stacked experts: this rank's part of a full tensor
-            tensor = module.shard(parts[-1], tensor)
+            tensor = shard_full(module, parts[-1], tensor)
         if params[name].shape != tensor.shape:
             raise CheckpointMismatch(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(params[name].shape)}")
         params[name].data.copy_(tensor)  # converts to the parameter's dtype

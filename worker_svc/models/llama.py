@@ -1,7 +1,8 @@
-"""Llama, and the configs that differ from it only by options: Mistral, Qwen2 and Qwen3.
+"""Llama, and the configs that differ from it only by options: Llama 3.x, Mistral, Qwen2, Qwen3
+and Phi-3 (its fused qkv_proj / gate_up_proj are our own layout: loaded as they are).
 
-Options read from config.json: num_key_value_heads (GQA), head_dim, rope_theta (or transformers
-5's rope_parameters), rms_norm_eps, attention_bias (all four projections, Llama and Qwen3) or
+Options read from config.json: num_key_value_heads (GQA), head_dim, the rotary embedding
+(rotary.py: every rope type, partial rotary), rms_norm_eps, attention_bias (all four projections, Llama and Qwen3) or
 Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm (model_type qwen3 / qwen3_moe), mlp_bias,
 tie_word_embeddings, and the sliding window (Mistral's sliding_window, Qwen2's
 use_sliding_window: layer_types.py).
@@ -18,17 +19,10 @@ from torch import nn
 from worker_svc.models.base import CausalLM
 from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.layer_types import sliding_windows
-from worker_svc.models.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
+from worker_svc.models.layers import Embedding, Linear, RMSNorm
+from worker_svc.models.rotary import rotary_from_config
 from worker_svc.models.self_attention import SelfAttention
 from worker_svc.parallel import TensorParallel
-
-
-def rope_theta(config: dict) -> float:
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise NotImplementedError(f"rope type {rope_type!r} is not supported")
-    return float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
 
 
 _QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # per-head RMSNorm of q and k before rotary
@@ -85,8 +79,9 @@ class LlamaForCausalLM(CausalLM):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(hidden_size, config["vocab_size"], False, dtype)
         attn = self.layers[0].self_attn
-        self.rotary = RotaryEmbedding(attn.head_dim, config.get("max_position_embeddings", 2048),
-                                      rope_theta(config), dtype)
+        # Phi-3's generate recomputes a sequence when it passes longrope's switch (rotary.py)
+        anchor = "sequence" if config.get("model_type") == "phi3" else "prompt"
+        self.rotary = rotary_from_config(config, attn.head_dim, dtype, length_anchor=anchor)
 
     def feed_forward(self, config: dict, dtype: torch.dtype, tp: TensorParallel, layer_index: int) -> nn.Module:
         """Layer layer_index's MLP: the gated MLP here; mixtures of experts in subclasses (mixtral.py)."""

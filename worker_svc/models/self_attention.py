@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from worker_svc.attention import attention
-from worker_svc.models.layers import RMSNorm, RotaryEmbedding
+from worker_svc.models.layers import RMSNorm
 from worker_svc.models.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from worker_svc.models.rotary import RotaryEmbedding
 from worker_svc.parallel import TensorParallel
 
 

@@ -1,0 +1,107 @@
+"""Llama 3.x, Qwen3, Phi-3 and every rope type: greedy generation equals transformers' generate,
+token for token, in float32.
+
+Each folder is built and saved by transformers (random weights) with scaling that changes
+positions inside the tests' lengths: original lengths of 16 or 24 tokens for prompts of up to 40
+tokens plus 10 generated. In process (the runner under the plan player): the eager path for
+every case and the compiled one for the three distinct rotary paths (precomputed tables, Phi-3's
+longrope with its recompute, dynamic NTK's per-token frequencies), under plans that mix prefill,
+chunked prefill and decode, preempt one request and swap another. Through real scheduler and
+worker processes: the scheduler chunks and mixes, and short memory makes it preempt. bfloat16
+runs end with the lengths asked for.
+"""
+import asyncio
+import random
+
+import pytest
+
+from client_sdk import AsyncClient, SamplingParams
+from client_sdk.launcher import LocalCluster
+from protocol.sampling import SamplingParams as WorkerSamplingParams
+from tests.e2e_helpers import wait_until_idle
+from tests.hf_model_folders import make_llama_folder, make_phi3_folder, make_qwen3_folder
+from tests.plan_player import PlanPlayer
+from tests.test_models_vs_hf import EVENTS, NUM_NEW_TOKENS, _hf_greedy, _prompts, _runner_greedy
+from worker_svc.runner import ModelRunner
+from worker_svc.runner_config import RunnerConfig
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+FOLDERS = {
+    "llama3": lambda path: make_llama_folder(path, num_key_value_heads=2, max_position_embeddings=64,
+                                             rope_parameters=LLAMA3_ROPE),
+    "qwen3-yarn": lambda path: make_qwen3_folder(path, max_position_embeddings=64, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}),
+    "phi3-longrope": make_phi3_folder,
+    "llama-dynamic": lambda path: make_llama_folder(path, num_key_value_heads=2, max_position_embeddings=24,
+                                                    rope_parameters={"rope_type": "dynamic", "factor": 3.0,
+                                                                     "rope_theta": 10000.0}),
+    "llama-linear": lambda path: make_llama_folder(path, rope_parameters={"rope_type": "linear", "factor": 2.5,
+                                                                          "rope_theta": 10000.0}),
+}
+COMPILED = ("llama3", "phi3-longrope", "llama-dynamic")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: make(str(root / name)) for name, make in FOLDERS.items()}
+
+
+@pytest.fixture(scope="module")
+def expected(folders):
+    prompts = _prompts(1000)
+    return prompts, {name: _hf_greedy(folder, prompts) for name, folder in folders.items()}
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_eager_greedy_matches_transformers(folders, expected, name):
+    prompts, by_name = expected
+    assert _runner_greedy(folders[name], prompts, EVENTS, token_budget=16, enforce_eager=True) == by_name[name]
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiled_greedy_matches_transformers(folders, expected, name):
+    prompts, by_name = expected
+    assert _runner_greedy(folders[name], prompts, EVENTS, token_budget=16) == by_name[name]
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_bfloat16_runs_end_with_the_lengths_asked_for(folders, name):
+    runner = ModelRunner(RunnerConfig(model=folders[name], dtype="bfloat16", block_size=4, num_gpu_blocks=128,
+                                      enforce_eager=True))
+    player = PlanPlayer(runner, token_budget=16)
+    params = WorkerSamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for i, prompt in enumerate(_prompts(1000)):
+        player.add(f"req-{i}", prompt, params)
+    outputs = player.run()
+    assert [len(tokens) for tokens in outputs.values()] == [24] * 4
+    assert all(0 <= t < 1000 for tokens in outputs.values() for t in tokens)
+
+
+# Through the real processes: 24 blocks of 4 tokens hold a few of these requests at a time (the
+# scheduler preempts as they grow), a budget of 16 tokens a step chunks the longer prompts.
+WORKER_ARGS = ["--dtype", "float32", "--block-size", "4", "--num-gpu-blocks", "24", "--threads", "1"]
+SCHEDULER_ARGS = ["--max-num-batched-tokens", "16"]
+
+
+async def _serve(folder: str, prompts, worker_args) -> tuple[list[list[int]], int]:
+    with LocalCluster(folder, 1, worker_args=worker_args, scheduler_args=SCHEDULER_ARGS) as cluster:
+        async with AsyncClient(cluster.address, timeout_s=300) as client:
+            await client.wait_for_workers(1)
+            params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
+            outputs = await client.generate_batch(prompts, params)
+            health = await wait_until_idle(client)
+    return [o.token_ids for o in outputs], health.num_preemptions
+
+
+@pytest.mark.parametrize("name,compiled", [("phi3-longrope", True), ("qwen3-yarn", False), ("llama-dynamic", False)])
+def test_real_processes_chunk_preempt_and_match_transformers(folders, name, compiled):
+    rng = random.Random(5)
+    prompts = [[rng.randrange(4, 1000) for _ in range(rng.choice((3, 9, 20, 30)))] for _ in range(8)]
+    expected = _hf_greedy(folders[name], prompts)
+    worker_args = WORKER_ARGS + ([] if compiled else ["--enforce-eager"])
+    outputs, num_preemptions = asyncio.run(_serve(folders[name], prompts, worker_args))
+    assert num_preemptions > 0, "memory was never short"
+    assert outputs == expected
+
