@@ -4,8 +4,7 @@ A model folder's generation_config.json may choose its own temperature, top_p, t
 repetition_penalty; the worker relays them (ModelInfo.sampling_defaults, empty under
 --generation-config vllm). As in vLLM, they fill what a request leaves unset: over HTTP the
 fields a request omits (the gateway), in the SDK and LLM a request given no SamplingParams at
-all (an explicit SamplingParams is taken as it is, vLLM's LLM too). A default that
-SamplingParams has no field for is not applied (repetition_penalty until sampling has one).
+all (an explicit SamplingParams is taken as it is, vLLM's LLM too).
 """
 from typing import Any
 
@@ -20,8 +19,7 @@ def with_model_defaults(fields: dict[str, Any], info: ModelInfo | None) -> dict[
     if info is None:
         return fields
     defaults = msgspec.structs.asdict(info.sampling_defaults)
-    known = SamplingParams.__struct_fields__
-    return {**{name: value for name, value in defaults.items() if value is not None and name in known}, **fields}
+    return {**{name: value for name, value in defaults.items() if value is not None}, **fields}
 
 
 def default_sampling_params(info: ModelInfo | None) -> SamplingParams:

@@ -123,8 +123,7 @@ class SamplingDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     """A model's own sampling defaults: its folder's generation_config.json, unless the worker
     runs with --generation-config vllm. A request that leaves a field unset takes the value here
     (None: SamplingParams' default), as vLLM does; the SDK applies them (client_sdk/model_defaults.py).
-    The worker reads them, its hello and ModelInfo carry them. repetition_penalty travels even
-    where SamplingParams has no such field yet: the SDK applies the fields SamplingParams has."""
+    The worker reads them, its hello and ModelInfo carry them; each is a SamplingParams field."""
 
     temperature: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None

@@ -20,14 +20,26 @@ from worker_svc.loader import sampling_defaults
 PROMPT = [5, 17, 99, 230, 7]
 
 
+def _hf_penalised_greedy(folder: str, max_new_tokens: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=max_new_tokens,
+                         repetition_penalty=1.3, eos_token_id=None, pad_token_id=0)
+    return out[0, len(PROMPT):].tolist()
+
+
 @pytest.fixture(scope="module")
 def folder_and_greedy(tmp_path_factory):
-    """A folder whose generation_config.json asks for greedy decoding (and top_k / top_p /
-    repetition_penalty), with an extra EOS id: the token greedy decoding gives PROMPT third."""
+    """A folder whose generation_config.json asks for greedy decoding with a repetition penalty
+    (and top_k / top_p), with an extra EOS id: the token that decoding gives PROMPT third.
+    Returns the folder, plain greedy tokens and the penalised ones (transformers' both)."""
     folder = make_llama_folder(str(tmp_path_factory.mktemp("generation") / "llama"))
     greedy = hf_greedy(folder, [PROMPT], 8)[0]  # before the file below exists
-    extra_eos = greedy[2]
-    assert extra_eos not in greedy[:2] and extra_eos != 2
+    penalised = _hf_penalised_greedy(folder, 8)
+    assert penalised != greedy, "the penalty must change this prompt's tokens"
+    extra_eos = penalised[2]
+    assert extra_eos not in penalised[:2] and extra_eos != 2
     path = os.path.join(folder, "generation_config.json")
     with open(path) as f:
         config = json.load(f)
@@ -35,7 +47,7 @@ def folder_and_greedy(tmp_path_factory):
                   do_sample=True)
     with open(path, "w") as f:
         json.dump(config, f)
-    return folder, greedy
+    return folder, greedy, penalised
 
 
 def test_transformers_defaults_in_the_file_are_not_the_models_choice(tmp_path):
@@ -55,17 +67,17 @@ def test_the_cluster_flag_reaches_the_worker():
 
 
 def test_defaults_fill_unset_fields_in_the_sdk_llm_and_gateway(folder_and_greedy):
-    folder, greedy = folder_and_greedy
-    expected = greedy[:3]  # greedy (temperature 0 from the file), stopped by the extra EOS id
+    folder, greedy, penalised = folder_and_greedy
+    # greedy (temperature 0 from the file) with its repetition penalty, stopped by the extra EOS id
+    expected = penalised[:3]
     with LLM(folder, worker_args=TEST_WORKER_ARGS) as llm:
         info = llm.client.model_info()
         assert info.sampling_defaults == SamplingDefaults(temperature=0.0, top_k=5, top_p=0.9,
                                                           repetition_penalty=1.3)
-        assert greedy[2] in info.eos_token_ids and 2 in info.eos_token_ids
+        assert penalised[2] in info.eos_token_ids and 2 in info.eos_token_ids
         defaults = llm.get_default_sampling_params()
         assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.0, 5, 0.9)
-        if "repetition_penalty" in SamplingParams.__struct_fields__:  # sampling's issue 23
-            assert defaults.repetition_penalty == 1.3
+        assert defaults.repetition_penalty == 1.3
         (out,) = llm.generate([PROMPT])  # no sampling_params: the model's defaults
         assert out.outputs[0].token_ids == expected and out.outputs[0].finish_reason == "stop"
         # An explicit SamplingParams is taken as it is (vLLM's LLM too): no EOS, 8 tokens
@@ -84,8 +96,8 @@ def test_defaults_fill_unset_fields_in_the_sdk_llm_and_gateway(folder_and_greedy
 
 
 def test_generation_config_vllm_ignores_the_sampling_defaults_not_the_eos_ids(folder_and_greedy):
-    folder, greedy = folder_and_greedy
+    folder, _, penalised = folder_and_greedy
     with LLM(folder, worker_args=TEST_WORKER_ARGS, generation_config="vllm") as llm:
         info = llm.client.model_info()
-        assert info.sampling_defaults == SamplingDefaults() and greedy[2] in info.eos_token_ids
+        assert info.sampling_defaults == SamplingDefaults() and penalised[2] in info.eos_token_ids
         assert msgspec.structs.asdict(llm.get_default_sampling_params()) == msgspec.structs.asdict(SamplingParams())
