@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import sys
 
 import uvicorn
@@ -35,21 +36,33 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the scheduler's public certificate (default: $STEPSERVE_CURVE_SERVER_KEY)")
     p.add_argument("--curve-secret-key", default=None, metavar="FILE",
                    help="the gateway's secret certificate, a client's (default: $STEPSERVE_CURVE_SECRET_KEY)")
-    p.add_argument("--batch-dir", default=default_batch_dir(),
-                   help="the Batch API's state and files (default: %(default)s); gateways may share one on a "
-                        "local filesystem: each batch is run by one of them at a time")
+    p.add_argument("--batch-dir", default=None,
+                   help=f"the Batch API's state and files (default: {default_batch_dir()}); gateways may share one "
+                        "on a local filesystem: each batch is run by one of them at a time")
     p.add_argument("--batch-window", type=int, default=DEFAULT_BATCH_WINDOW,
                    help="a batch's requests in flight at most")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
 
+def _batch_store(batch_dir: str | None) -> BatchStore | None:
+    """The Batch API's store; without --batch-dir, a default folder that cannot be made leaves
+    the gateway serving without the Batch API (a warning), not failing to start."""
+    try:
+        return BatchStore(batch_dir or default_batch_dir())
+    except (OSError, sqlite3.Error) as e:
+        if batch_dir is not None:
+            raise
+        logging.getLogger("stepserve.gateway").warning("no Batch API: %s (give --batch-dir)", e)
+        return None
+
+
 async def serve(args: argparse.Namespace) -> None:
     client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout, curve_server_key=args.curve_server_key,
                          curve_secret_key=args.curve_secret_key)
     upstream = Upstream(client, args.served_model_name, args.max_num_requests)
-    store = BatchStore(args.batch_dir)
-    jobs = asyncio.ensure_future(BatchJobs(store, upstream, args.batch_window).run_forever())
+    store = _batch_store(args.batch_dir)
+    jobs = asyncio.ensure_future(BatchJobs(store, upstream, args.batch_window).run_forever()) if store else None
     config = uvicorn.Config(create_app(upstream, args.api_key, store), host=args.host, port=args.port, loop="none",
                             http="auto", log_level=args.log_level.lower(), access_log=False,
                             timeout_graceful_shutdown=5)
@@ -64,10 +77,11 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await serving
     finally:
-        jobs.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await jobs
-        store.close()
+        if jobs is not None:
+            jobs.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await jobs
+            store.close()
         await client.close()
 
 
