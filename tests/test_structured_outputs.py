@@ -111,7 +111,8 @@ def test_a_bad_grammar_fails_its_request_alone():
     good = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(regex=REGEX))
     bad = [StructuredOutputsParams(regex="(unclosed"), StructuredOutputsParams(grammar="root ::= undefined_rule"),
            StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "no-such-type"}}})]
-    with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enforce_eager=True) as llm:
+    # Async scheduling: the plan after the failing one is already in flight with those requests.
+    with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enforce_eager=True, async_scheduling=True) as llm:
         outputs = llm.generate(["a", "b", "c", "d"], [good] + [SamplingParams(structured_outputs=s) for s in bad],
                                use_tqdm=False)
         check_output(outputs[0].outputs[0].text, outputs[0].outputs[0].finish_reason, ("regex", REGEX))

@@ -180,8 +180,10 @@ class ModelRunner:
             logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
             tokens, logprobs, errors = self._sample(hidden[logits_indices], rows[sampled])
         prompt_logprobs = self._score_prompts(hidden, rows, query_lens, order)
-        got_token = tokens >= 0  # a request that failed alone (its grammar) gets none
-        self.requests.advance(rows, query_lens, rows[sampled][got_token], tokens[got_token])
+        # A request that failed alone (its grammar) reports no token, but its row keeps a
+        # placeholder: a plan already in flight for it (async scheduling) still finds the tokens
+        # it counts on; the scheduler has ended the request and ignores what that plan gives it.
+        self.requests.advance(rows, query_lens, rows[sampled], np.maximum(tokens, 0))
         out = np.full(len(rows), -1, dtype=np.int64)
         out[order[sampled]] = tokens
         if logprobs is not None:
