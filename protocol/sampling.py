@@ -112,12 +112,6 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def has_penalties(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
-    @property
-    def needs_logits(self) -> bool:
-        """The worker must see this request's full logits (not the fused greedy head's argmax)."""
-        return (self.temperature != 0 or self.logprobs is not None or self.has_penalties or bool(self.logit_bias)
-                or bool(self.bad_words) or self.allowed_token_ids is not None or self.structured_outputs is not None)
-
 
 class SamplingDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """A model's own sampling defaults: its folder's generation_config.json, unless the worker

@@ -145,12 +145,6 @@ class LogitsProcessors:
     def is_empty(self) -> bool:
         return not (self.allowed or self.bias or self.bad_words or self.slot_of)
 
-    def needs_logits(self, rows: np.ndarray) -> bool:
-        return not self.is_empty and any(self._has_any(int(r)) for r in rows)
-
-    def _has_any(self, row: int) -> bool:
-        return row in self.allowed or row in self.bias or row in self.bad_words or row in self.slot_of
-
     def on_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """rows got tokens this step: count them for the rows with penalties, in place."""
         if not self.slot_of:
