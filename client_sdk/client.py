@@ -5,7 +5,7 @@ The connection, its reader task, the sinks that take each request's outputs and 
 are the transport's (transport.py); a request's choices are claimed, given their sinks and
 released through LiveChoices (live_choices.py), the one helper every call shares.
 
-A little over 300 lines: one class on purpose, since every call shares the model info and the
+About 350 lines: one class on purpose, since every call shares the model info and the
 tokenizer it caches; what stands alone lives beside it (batch.py, batch_inputs.py, choice.py).
 """
 import asyncio
@@ -16,14 +16,15 @@ from client_sdk.batch import BatchCollector, PromptInFlight
 from client_sdk.batch_inputs import aiter_of, per_prompt, prompt_items
 from client_sdk.chat_template import render_chat
 from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
-from client_sdk.errors import ChatTemplateError, ServiceError, request_failure
+from client_sdk.errors import ChatTemplateError, PromptTooLong, RequestError, ServiceError, request_failure
 from client_sdk.live_choices import LiveChoices
 from client_sdk.model_defaults import default_sampling_params
 from client_sdk.outputs import RequestOutput, StreamDelta, prompt_logprobs
-from client_sdk.tokenizer import TextCodec
-from client_sdk.transport import Transport
-from protocol.client_messages import GenerateRequest, Health, HealthQuery, ModelInfo, ModelInfoQuery
+from client_sdk.tokenizer import TextCodec, off_loop
+from client_sdk.transport import Transport, error_output
+from protocol.client_messages import GenerateRequest, Health, HealthQuery, ModelInfo, ModelInfoQuery, request_refusal
 from protocol.client_messages import RequestOutput as WireOutput
+from protocol.errors import ErrorCode
 from protocol.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -69,7 +70,7 @@ class AsyncClient:
         if self._codec is None:
             info = await self.served_model()
             if info.tokenizer_json:
-                self._codec = TextCodec(info.tokenizer_json)
+                self._codec = TextCodec(info.tokenizer_json, info.max_model_len)
         return self._codec
 
     async def text_codec(self, required: bool = True) -> TextCodec | None:
@@ -81,10 +82,16 @@ class AsyncClient:
                                                "pass prompt token ids")
         return codec
 
-    async def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return (await self.text_codec()).encode(prompt)
-        return list(prompt)
+    async def _checked_prompt(self, prompt: Prompt, choice_ids: list[str]) -> tuple[list[int], tuple | None]:
+        """The prompt's token ids (a long text tokenized off the event loop), and (error code,
+        message) when the scheduler would refuse the request: said here at once, never sent."""
+        try:
+            prompt_ids = (await (await self.text_codec()).encode_async([prompt]))[0] \
+                if isinstance(prompt, str) else list(prompt)
+        except PromptTooLong as e:  # a text past the model's context, untokenized
+            return [], (e.code, str(e))
+        refusal = request_refusal(max(choice_ids, key=len), prompt_ids)  # the longest id: the others pass if it does
+        return prompt_ids, (ErrorCode.INVALID_PARAMS, refusal) if refusal else None
 
     # ---- public API ----------------------------------------------------------------
 
@@ -125,9 +132,12 @@ class AsyncClient:
         if template is None:
             raise ChatTemplateError(f"the model {info.model!r} has no chat template (no chat_template in its "
                                     "tokenizer_config.json, no chat_template.jinja): pass one, or prompt it directly")
-        text = render_chat(template, messages, info.special_tokens, add_generation_prompt=add_generation_prompt,
-                           **kwargs)
-        return (await self.text_codec()).encode(text, add_special_tokens=False) if tokenize else text
+        # Off the event loop: a long conversation takes a while to render (bounded by the caller's input).
+        text = await off_loop(functools.partial(render_chat, template, messages, info.special_tokens,
+                                                add_generation_prompt=add_generation_prompt, **kwargs))
+        if not tokenize:
+            return text
+        return (await (await self.text_codec()).encode_async([text], add_special_tokens=False))[0]
 
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
                      priority: int = 0) -> AsyncIterator[StreamDelta]:
@@ -135,11 +145,17 @@ class AsyncClient:
         n > 1 the deltas of the n choices interleave, told apart by `index`."""
         self._transport.start()
         params = validated(params if params is not None else await self.default_sampling_params())
-        prompt_ids = await self._prompt_ids(prompt)
         codec = await (self.text_codec() if params.stop else self._text_codec())
         queue: asyncio.Queue[tuple[int, WireOutput]] = asyncio.Queue()
         request_id, choice_ids = self._live.claim(
             request_id, params, lambda index: functools.partial(_put_indexed, queue.put_nowait, index))
+        try:
+            prompt_ids, refusal = await self._checked_prompt(prompt, choice_ids)
+            if refusal is not None:
+                raise RequestError(request_id, *refusal)
+        except BaseException:
+            self._live.forget(request_id, choice_ids)
+            raise
         choices = [Choice(index, params, codec, incremental=True) for index in range(params.n)]
         num_open = len(choices)
         try:
@@ -260,12 +276,16 @@ class AsyncClient:
                     request_id = request_id[0] if request_id else None
                     if p is not given or checked is None:
                         given, checked = p, validated(p if p is not None else await self.default_sampling_params())
-                    entry = await self._prompt_in_flight(index, prompt, checked, request_id, collector)
+                    entry, refusal = await self._prompt_in_flight(index, prompt, checked, request_id, collector)
                     live[index] = entry
+                    index += 1
+                    if refusal is not None:  # fails alone, now, as the scheduler would fail it
+                        for choice_id in entry.choice_ids:
+                            collector.on_output(error_output(choice_id, *refusal))
+                        continue
                     p = entry.choices[0].params
                     chunk += [GenerateRequest(choice_id, entry.prompt_ids, choice_params(p, c), prio,
                                               stream=bool(p.stop)) for c, choice_id in enumerate(entry.choice_ids)]
-                    index += 1
                 if chunk:
                     await self._transport.send_requests(chunk)
                 if exhausted and not live:
@@ -283,18 +303,23 @@ class AsyncClient:
             collector.close()
 
     async def _prompt_in_flight(self, index: int, prompt: Prompt, params: SamplingParams, request_id: str | None,
-                                collector: BatchCollector) -> PromptInFlight:
-        """A prompt tokenized and its choices claimed, in the collector, ready to be sent."""
+                                collector: BatchCollector) -> tuple[PromptInFlight, tuple | None]:
+        """A prompt tokenized and its choices claimed, in the collector, ready to be sent; and
+        (error code, message) when it must not be (see _checked_prompt)."""
         if params.stop:
             await self.text_codec()  # stop strings are matched on text
-        prompt_ids = await self._prompt_ids(prompt)
         request_id, choice_ids = self._live.claim(request_id, params, lambda _: collector.on_output)
+        try:
+            prompt_ids, refusal = await self._checked_prompt(prompt, choice_ids)
+        except BaseException:
+            self._live.forget(request_id, choice_ids)
+            raise
         # stop strings: see every step, to abort at a match
         choices = [Choice(c, params, self._codec, incremental=bool(params.stop)) for c in range(params.n)]
         entry = PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,
                                choice_ids, choices)
         collector.add(entry)
-        return entry
+        return entry, refusal
 
     def _request_output(self, entry: PromptInFlight) -> RequestOutput:
         for choice in entry.choices:

@@ -26,6 +26,13 @@ class ChatTemplateError(ValueError):
     """A conversation could not be rendered: the model has no chat template, or it failed."""
 
 
+class PromptTooLong(ValueError):
+    """A prompt's text is longer than the model's context could hold, whatever its tokens: refused
+    before it is tokenized."""
+
+    code = ErrorCode.PROMPT_TOO_LONG
+
+
 class AuthenticationError(ServiceError, _WireAuthenticationError):
     """The scheduler refused this client's CurveZMQ handshake: its key is not authorized, the
     server key is wrong, or only one side uses keys. Raised within moments, never a silent hang."""

@@ -39,7 +39,7 @@ def _release(ctx: zmq.asyncio.Context, sock: zmq.asyncio.Socket, monitor: zmq.as
     ctx.term()
 
 
-def _error_output(request_id: str, code: str, message: str) -> WireOutput:
+def error_output(request_id: str, code: str, message: str) -> WireOutput:
     return WireOutput(request_id, [], 0, "error", None, code, message)
 
 
@@ -127,7 +127,7 @@ class Transport:
         for request_id in ids:
             sink = self.sinks.get(request_id)
             if sink is not None:
-                sink(_error_output(request_id, code, message))
+                sink(error_output(request_id, code, message))
         self._fail_queries(self._connection.auth_error or ServiceError(code, message))
         if ids and code != ErrorCode.AUTHENTICATION_FAILED:
             self.abort_soon(ids)  # one still in the socket's queue must not run on the new scheduler
@@ -137,7 +137,7 @@ class Transport:
         for request_id, sink in expired:
             if self.sinks.get(request_id) is sink:
                 timed_out.append(request_id)
-                sink(_error_output(request_id, ErrorCode.TIMEOUT,
+                sink(error_output(request_id, ErrorCode.TIMEOUT,
                                    f"not finished within request_timeout_s ({self._deadlines.timeout_s:g} s)"))
         if timed_out:
             self.abort_soon(timed_out)

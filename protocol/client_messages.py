@@ -3,6 +3,7 @@
 A client may submit any number of requests in one `Generate`; the scheduler answers with
 `RequestOutputs` batches (one per step per client), so per-message costs stay per batch.
 """
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import msgspec
@@ -33,6 +34,19 @@ class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_
     priority: int = 0
     # Stream: an output every step. Otherwise one output, when the request finishes.
     stream: bool = False
+
+
+def request_refusal(request_id: str, prompt_token_ids: Sequence[int]) -> str | None:
+    """Why decoding would refuse a GenerateRequest with this id and prompt, or None. The sampling
+    params are checked by their own type; the SDK asks this before sending, so that its caller
+    hears at once what the scheduler would answer."""
+    if not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
+        return f"a request id has 1 to {MAX_REQUEST_ID_LEN} characters, this one {len(request_id)}"
+    if not 1 <= len(prompt_token_ids) <= MAX_PROMPT_TOKENS:
+        return f"a prompt has 1 to {MAX_PROMPT_TOKENS} tokens, this one {len(prompt_token_ids)}"
+    if min(prompt_token_ids) < 0:
+        return "prompt token ids must be >= 0"
+    return None
 
 
 class Generate(Message, tag=True):

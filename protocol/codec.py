@@ -8,7 +8,7 @@ import msgspec
 
 from protocol.client_messages import ClientToScheduler, GenerateRequest, SchedulerToClient
 from protocol.errors import ProtocolError
-from protocol.limits import MAX_REQUEST_ID_LEN, MAX_REQUESTS_PER_MESSAGE
+from protocol.limits import MAX_REQUESTS_PER_MESSAGE
 from protocol.version import PROTOCOL_VERSION
 from protocol.worker_messages import SchedulerToWorker, WorkerToScheduler
 
@@ -72,9 +72,10 @@ _loose_id = msgspec.msgpack.Decoder(_LooseId)
 
 def salvage_generate(frame: bytes | memoryview):
     """For a Generate frame that failed to decode as a whole: the requests in it that are
-    valid, and (request_id, error) for each invalid one whose id can be read, so one bad
-    request fails alone. None when the frame is not a readable Generate at all. A message with
-    more than MAX_REQUESTS_PER_MESSAGE requests is refused whole: each readable id gets the error."""
+    valid, and (request_id, error) for each invalid one whose id can be read (a string of any
+    length: the answer costs what the question did), so one bad request fails alone. None when
+    the frame is not a readable Generate at all. A message with more than
+    MAX_REQUESTS_PER_MESSAGE requests is refused whole: each readable id gets the error."""
     view = memoryview(frame)
     if len(view) < 2 or view[0] != PROTOCOL_VERSION:
         return None
@@ -95,6 +96,6 @@ def salvage_generate(frame: bytes | memoryview):
                 request_id = _loose_id.decode(raw).request_id
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
                 continue
-            if 0 < len(request_id) <= MAX_REQUEST_ID_LEN:  # an id no client may use gets no answer
-                invalid.append((request_id, str(e)))
+            # Answered whatever its id, one past the limit too: its sender waits for that id.
+            invalid.append((request_id, str(e)))
     return valid, invalid

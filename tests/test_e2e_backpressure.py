@@ -115,15 +115,15 @@ async def test_each_limit_fails_its_request_alone():
             good = request("good")
             frame = bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode({"type": "Generate", "requests": [*bad, good]})
             await raw.send(frame)
-            await raw.receive_until(lambda r: len(r.outputs) == 5)
+            await raw.receive_until(lambda r: len(r.outputs) == 6)
             assert {rid for rid, o in raw.outputs.items() if o[-1].error_code == ErrorCode.INVALID_PARAMS} == {
-                "long-prompt", "many-tokens", "many-stops", "many-logprobs"}  # the 257-character id: no answer
+                "long-prompt", "many-tokens", "many-stops", "many-logprobs", "x" * 257}  # an id past the limit too
             assert raw.outputs["good"][-1].finish_reason == "length"
 
             too_many = [request(f"m{i}") for i in range(MAX_REQUESTS_PER_MESSAGE + 1)]
             await raw.send(bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode({"type": "Generate",
                                                                                 "requests": too_many}))
-            await raw.receive_until(lambda r: len(r.outputs) == 5 + len(too_many))
+            await raw.receive_until(lambda r: len(r.outputs) == 6 + len(too_many))
             assert all(raw.outputs[f"m{i}"][0].error_code == ErrorCode.INVALID_PARAMS for i in range(len(too_many)))
             abort = {"type": "Abort", "request_ids": [f"a{i}" for i in range(MAX_REQUESTS_PER_MESSAGE + 1)]}
             await raw.send(bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode(abort))
