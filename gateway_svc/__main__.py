@@ -1,5 +1,6 @@
 """python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000
 [--api-key KEY] [--served-model-name NAME] [--max-num-requests N] [--batch-dir DIR]
+[--max-request-body-bytes N] [--max-prompts-per-request N]
 [--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ to the scheduler; or the SDK's variables)"""
 import argparse
 import asyncio
@@ -17,6 +18,7 @@ from client_sdk.batch import DEFAULT_BATCH_WINDOW
 from gateway_svc.app import create_app
 from gateway_svc.batch_jobs import BatchJobs
 from gateway_svc.batch_store import BatchStore, default_batch_dir
+from gateway_svc.request_limits import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, RequestLimits
 from gateway_svc.upstream import Upstream
 
 
@@ -30,6 +32,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the model's)")
     p.add_argument("--max-num-requests", type=int, default=0,
                    help="requests in flight through this gateway beyond which it answers 503 (0: no bound)")
+    p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                   help="a larger request body is refused with 413 before it is read (0: no bound; the default, "
+                        "32 MiB, holds the longest prompt the protocol takes, 2^20 token ids, four times over; a "
+                        "batch file upload, spooled to disk, may have 200 MiB)")
+    p.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
+                   help="more prompts in one /v1/completions request get a 400")
     p.add_argument("--scheduler-timeout", type=float, default=10.0,
                    help="seconds to wait for the scheduler's health or model info before answering 503")
     p.add_argument("--curve-server-key", default=None, metavar="FILE",
@@ -60,7 +68,8 @@ def _batch_store(batch_dir: str | None) -> BatchStore | None:
 async def serve(args: argparse.Namespace) -> None:
     client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout, curve_server_key=args.curve_server_key,
                          curve_secret_key=args.curve_secret_key)
-    upstream = Upstream(client, args.served_model_name, args.max_num_requests)
+    upstream = Upstream(client, args.served_model_name, args.max_num_requests,
+                        RequestLimits(args.max_request_body_bytes, args.max_prompts_per_request))
     store = _batch_store(args.batch_dir)
     jobs = asyncio.ensure_future(BatchJobs(store, upstream, args.batch_window).run_forever()) if store else None
     config = uvicorn.Config(create_app(upstream, args.api_key, store), host=args.host, port=args.port, loop="none",

@@ -5,11 +5,14 @@ import time
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from gateway_svc.batch_api import add_batch_routes
 from gateway_svc.batch_store import BatchStore
+from gateway_svc.body_limit import BodyLimit
 from gateway_svc.chat import create_chat_completion
 from gateway_svc.completions import create_completion
+from gateway_svc.disconnects import CountDisconnects
 from gateway_svc.errors import APIError, from_sdk_error, install_error_handlers, unavailable
 from gateway_svc.responses import json_response
 from gateway_svc.upstream import Upstream
@@ -21,7 +24,7 @@ async def _as_api_errors(endpoint):
     handler is re-raised after the response, and the connection dies with it."""
     try:
         return await endpoint
-    except APIError:
+    except (APIError, ClientDisconnect):
         raise
     except Exception as e:
         raise from_sdk_error(e) from None
@@ -31,6 +34,9 @@ def create_app(upstream: Upstream, api_key: str | None = None, batch_store: Batc
     """batch_store: serve OpenAI's Batch API (/v1/files, /v1/batches) from it."""
     app = FastAPI(title="stepserve gateway", summary="OpenAI-compatible API over a stepserve scheduler")
     install_error_handlers(app)
+    # Around every route (the last added runs first): the body bound, then quiet disconnects.
+    app.add_middleware(CountDisconnects, disconnects=upstream.disconnects)
+    app.add_middleware(BodyLimit, limits=upstream.limits)
     started = int(time.time())
 
     async def require_key(request: Request) -> None:

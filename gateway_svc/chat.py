@@ -5,6 +5,7 @@ from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
 from gateway_svc.logprobs import chat_logprobs
 from gateway_svc.openai_requests import ChatCompletionRequest, decode_body, refuse_unsupported, sampling_params
+from gateway_svc.request_limits import check_depth
 from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id, serve
 from gateway_svc.upstream import Upstream
 from protocol.sampling import MAX_LOGPROBS
@@ -67,6 +68,8 @@ async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Cha
     refuse_unsupported(req)
     if not req.messages:
         raise bad_request("messages must not be empty", param="messages")
+    check_depth(req.messages, "messages")
+    check_depth(req.chat_template_kwargs, "chat_template_kwargs")
     if info.chat_template is None and req.chat_template is None:
         raise bad_request(f"the model {upstream.name_of(info)!r} has no chat template (no chat_template in its "
                           "tokenizer_config.json, no chat_template.jinja), so chat completions are not available; "

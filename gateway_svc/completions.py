@@ -10,16 +10,26 @@ from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_fo
 from gateway_svc.upstream import Upstream
 
 
-def prompt_list(prompt) -> list[str | list[int]]:
-    """OpenAI's four prompt forms -> a list of prompts, each text or token ids."""
+def _token_ids(prompt: list, max_len: int) -> bool:
+    """Whether prompt is a list of token ids; refused as too long (before its ids are looked at,
+    which takes a while for millions) when it has max_len or more."""
+    if not prompt or not isinstance(prompt[0], int):
+        return False
+    if len(prompt) >= max_len:
+        raise bad_request(f"This model's maximum context length is {max_len} tokens; a prompt has {len(prompt)}, "
+                          "which leaves no room to generate.", "prompt_too_long", param="prompt")
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
+def prompt_list(prompt, max_len: int) -> list[str | list[int]]:
+    """OpenAI's four prompt forms -> a list of prompts, each text or token ids (fewer than max_len)."""
     if isinstance(prompt, str):
         return [prompt]
     if prompt and all(isinstance(p, str) for p in prompt):
         return list(prompt)
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if _token_ids(prompt, max_len):
         return [list(prompt)]
-    if prompt and all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-                      for p in prompt):
+    if prompt and all(isinstance(p, list) and _token_ids(p, max_len) for p in prompt):
         return [list(p) for p in prompt]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of lists of "
                       "token ids, and not empty", param="prompt")
@@ -100,11 +110,15 @@ async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Completi
     req = decode_body(body, CompletionRequest)
     info = await upstream.check_model(req.model)
     refuse_unsupported(req)
-    prompts = prompt_list(req.prompt)
+    prompts = prompt_list(req.prompt, info.max_model_len)
+    upstream.limits.check_num_prompts(len(prompts))
     codec = await upstream.client.text_codec(required=False)
-    if codec is None and any(isinstance(p, str) for p in prompts):
+    texts = [p for p in prompts if isinstance(p, str)]
+    if codec is None and texts:
         raise bad_request("the model has no tokenizer: give the prompt as token ids", "no_tokenizer")
-    ids = [codec.encode(p) if isinstance(p, str) else p for p in prompts]
+    # Off the event loop when long, and a text too long to fit is refused untokenized (PromptTooLong).
+    encoded = iter(await codec.encode_async(texts) if texts else ())
+    ids = [next(encoded) if isinstance(p, str) else p for p in prompts]
     for prompt_ids in ids:
         check_token_ids(info, prompt_ids)
     prompt_logprobs = req.logprobs if req.echo else None

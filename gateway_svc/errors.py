@@ -1,5 +1,6 @@
 """Errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, and the status
-each failure gets: 400 bad parameters or prompt, 401 key, 404 model, 503 no worker or overloaded."""
+each failure gets: 400 bad parameters or prompt, 401 key, 404 model, 413 body too large, 503 no
+worker or overloaded."""
 import logging
 
 import msgspec
@@ -7,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from client_sdk.errors import ChatTemplateError, RequestError, ServiceError
+from client_sdk.errors import ChatTemplateError, PromptTooLong, RequestError, ServiceError
 from protocol import ErrorCode
 
 logger = logging.getLogger("stepserve.gateway")
@@ -47,6 +48,8 @@ def from_sdk_error(e: Exception) -> APIError:
         if e.code in _UNAVAILABLE_ERRORS:
             return unavailable(e.message, e.code)
         return APIError(500, e.message, e.code, type="internal_error")
+    if isinstance(e, PromptTooLong):
+        return bad_request(str(e), e.code, param="prompt")
     if isinstance(e, ChatTemplateError):
         return bad_request(str(e), "chat_template")
     if isinstance(e, ServiceError):

@@ -77,6 +77,8 @@ def decode_body(body: bytes, kind: type):
         raise bad_request(f"invalid request: {e}") from None
     except msgspec.DecodeError as e:
         raise bad_request(f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("the body nests lists and objects too deeply to parse") from None
 
 
 def refuse_unsupported(req: _SamplingFields) -> None:

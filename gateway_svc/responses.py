@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 import msgspec
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from gateway_svc.choices import GatheredChoice, gather_choices, run_choices
+from gateway_svc.disconnects import Disconnects
 from gateway_svc.errors import APIError, bad_request, from_sdk_error
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import ModelInfo
@@ -24,7 +26,6 @@ from protocol.sampling import SamplingParams
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
-GONE = object()  # the client disconnected
 
 
 def sse(obj: dict) -> bytes:
@@ -105,22 +106,19 @@ async def serve(request: Request, upstream: Upstream, job: Job, fmt: Formatter) 
     try:
         if not job.stream:
             choices = await _unless_disconnected(request, gather_choices(deltas, job.num_choices))
-            if choices is GONE:
-                return Response(status_code=499)  # nobody reads it
             usage = job.usage(sum(len(c.token_ids) for c in choices))
             return json_response(fmt.body(job, choices, usage))
         # The first delta before the headers: a refused request still gets its HTTP status.
         first = await _unless_disconnected(request, anext(deltas, None))
-        if first is GONE:
-            return Response(status_code=499)
         handed_over = True
 
         async def close() -> None:  # whatever ends the response, exactly once
             upstream.release()
             await deltas.aclose()
 
-        return EventStream(_events(job, fmt, first, deltas), close, media_type="text/event-stream")
-    except APIError:
+        return EventStream(_events(job, fmt, first, deltas), close, upstream.disconnects,
+                           media_type="text/event-stream")
+    except (APIError, ClientDisconnect):
         raise
     except Exception as e:
         raise from_sdk_error(e) from None
@@ -153,11 +151,20 @@ async def _events(job: Job, fmt: Formatter, first, rest: AsyncIterator) -> Async
 class EventStream(StreamingResponse):
     """Server-sent events that run `close` whatever ends the response (done, failed, or the
     client gone before or during the body), so the requests of a client who went away are
-    aborted at once and its admission slot comes back."""
+    aborted at once and its admission slot comes back; a client gone is counted."""
 
-    def __init__(self, content, close, **kwargs):
-        super().__init__(content, **kwargs)
-        self._close = close
+    def __init__(self, content, close, disconnects: Disconnects, **kwargs):
+        super().__init__(self._to_the_end(content), **kwargs)
+        self._close, self._disconnects = close, disconnects
+        self._complete = False
+
+    async def _to_the_end(self, content: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in content:
+                yield chunk
+            self._complete = True
+        finally:
+            await content.aclose()
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -165,10 +172,13 @@ class EventStream(StreamingResponse):
         finally:
             await self.body_iterator.aclose()
             await self._close()
+            if not self._complete:
+                self._disconnects.client_gone(scope)
 
 
 async def _unless_disconnected(request: Request, awaitable):
-    """The awaitable's result, or GONE once the client has disconnected (it is then cancelled)."""
+    """The awaitable's result; ClientDisconnect once the client has disconnected (the awaitable
+    is then cancelled)."""
     work = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
@@ -180,7 +190,7 @@ async def _unless_disconnected(request: Request, awaitable):
     work.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await work
-    return GONE
+    raise ClientDisconnect()
 
 
 async def _disconnected(request: Request) -> None:

@@ -5,6 +5,8 @@ import asyncio
 import time
 
 from client_sdk.client import AsyncClient
+from gateway_svc.disconnects import Disconnects
+from gateway_svc.request_limits import RequestLimits
 from gateway_svc.errors import APIError, unavailable
 from protocol.client_messages import Health, ModelInfo
 from protocol.metrics import QueueState, ServingMetrics
@@ -13,12 +15,15 @@ HEALTH_MAX_AGE_S = 0.25  # a worker that joins or leaves is seen within this
 
 
 class Upstream:
-    def __init__(self, client: AsyncClient, served_model_name: str | None = None, max_num_requests: int = 0):
+    def __init__(self, client: AsyncClient, served_model_name: str | None = None, max_num_requests: int = 0,
+                 limits: RequestLimits = RequestLimits()):
         self.client = client
+        self.limits = limits  # what one request may ask, for every route and batch line
         self.served_model_name = served_model_name
         self.max_num_requests = max_num_requests  # 0: no bound
         self.num_requests = 0  # in flight through this gateway
         self.metrics = ServingMetrics(self.queue_state)
+        self.disconnects = Disconnects(self.metrics.registry)
         self._health: Health | None = None
         self._health_time = 0.0
         self._health_query: asyncio.Future | None = None

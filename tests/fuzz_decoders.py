@@ -50,7 +50,7 @@ def fuzz_body(body: bytes, kind: type) -> None:
         req = decode_body(body, kind)
         refuse_unsupported(req)
         if kind is CompletionRequest:
-            prompt_list(req.prompt)
+            prompt_list(req.prompt, 2048)
         sampling_params(req, req.max_tokens or 16, req.logprobs if kind is CompletionRequest else None)
     except APIError as e:
         assert e.status == 400, e.status
