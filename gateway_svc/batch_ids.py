@@ -7,7 +7,7 @@ to disk past a small page cache, so the job's memory stays flat however many lin
 """
 import sqlite3
 
-_CACHE_KIB = 8192  # SQLite's page cache for the ids; past it, pages go to the temporary file
+_CACHE_KIB = 2048  # SQLite's page cache for the ids (its default size); past it, pages go to the temporary file
 
 
 class BatchIds:
