@@ -77,10 +77,19 @@ class BatchJobs:
         elif status == "validating":
             status = self._validate(batch)
         if status == "in_progress":
+            await self._worker_joined()
             status = await self._run(batch)
         if status in ("finalizing", "cancelling", "expired"):
             final = {"finalizing": "completed", "cancelling": "cancelled", "expired": "expired"}[status]
             self._finalize(batch_id, final)
+
+    async def _worker_joined(self) -> None:
+        """Waits for a worker: without one every line would be answered 503 and the batch lost."""
+        while True:
+            with contextlib.suppress(Exception):  # a scheduler not answering yet: ask again
+                if (await self.upstream.health(max_age_s=0.0)).num_workers:
+                    return
+            await asyncio.sleep(POLL_S)
 
     def _validate(self, batch: dict) -> str:
         path = self.store.file_path(batch["input_file_id"])
