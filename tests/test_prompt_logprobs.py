@@ -42,3 +42,13 @@ def test_prompt_logprobs_equal_transformers_with_chunked_prefill(folder):
             assert [t for t in entry if entry[t].rank is not None] == top.indices.tolist()
             for t, lp in zip(top.indices.tolist(), top.values.tolist()):
                 assert abs(entry[t].logprob - lp) < 1e-4 and entry[t].rank == top.indices.tolist().index(t) + 1
+
+
+def test_a_prompt_scored_again_after_recompute_keeps_each_entry_once():
+    from scheduler_svc.request import Request
+    request = Request("r", list(range(10, 16)), SamplingParams(prompt_logprobs=0))
+    request.add_prompt_logprobs(1, ["a1", "a2"])  # chunk [0, 2) scores prompt tokens 1, 2
+    request.add_prompt_logprobs(3, ["a3"])
+    request.add_prompt_logprobs(1, ["b1", "b2", "b3", "b4"])  # recomputed from the start: 4 is new
+    request.add_prompt_logprobs(5, ["b5"])
+    assert request.prompt_logprobs == ["a1", "a2", "a3", "b4", "b5"]
