@@ -120,3 +120,14 @@ def test_gemma3_folder_in_the_older_config_style(tmp_path):
     prompts = _prompts(1000)
     assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == \
         _hf_greedy(folder, prompts)
+
+
+def test_gemma3_with_linear_rope_scaling_on_its_global_layers(tmp_path):
+    """As Gemma 3 4B and larger ship: linear scaling (factor 8) on the global layers' rotary,
+    none on the local layers'."""
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+    folder = make_gemma3_folder(str(tmp_path / "model"), rope_parameters=rope)
+    prompts = _prompts(1000)
+    assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == \
+        _hf_greedy(folder, prompts)
