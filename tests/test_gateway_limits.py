@@ -26,6 +26,10 @@ from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 from tests.gateway_helpers import curl, metric_samples
 
 MAX_MODEL_LEN = 2048  # tiny-llama's
+# The most characters a token of tiny-llama's byte-level tokenizer covers: its longest vocabulary
+# entry, `<extra_31999>` (asserted against the served tokenizer in the fixture).
+MAX_CHARS_PER_TOKEN = 13
+TOO_LONG_TEXT = "x" * (MAX_MODEL_LEN * MAX_CHARS_PER_TOKEN + 1)
 DISCONNECTS = ("stepserve:http_client_disconnects_total", ())
 NUM_STREAMS = 64  # beside the abuse: the issue asks 200; on 2 loaded cores 100 took 37 s, 64 keep it near 20 s
 STREAM_TOKENS = 4
@@ -46,14 +50,16 @@ def cluster():
     with LocalCluster("tiny-llama", 1, worker_args=TEST_WORKER_ARGS) as c:
         c.start_gateway()
         c.small_body_url = c.start_gateway(["--max-request-body-bytes", "65536"])
-        asyncio.run(_wait_for_worker(c.address))
+        assert asyncio.run(_wait_for_worker(c.address)) == MAX_CHARS_PER_TOKEN
         c.rss_before = tree_rss_mb(c)
         yield c
 
 
-async def _wait_for_worker(address: str) -> None:
+async def _wait_for_worker(address: str) -> int:
+    """The served tokenizer's bound on characters per token, once a worker has joined."""
     async with AsyncClient(address, timeout_s=60) as client:
         await client.wait_for_workers(1, timeout_s=120)
+        return (await client.text_codec()).max_chars_per_token
 
 
 def gateway_log(cluster: LocalCluster) -> str:
@@ -120,7 +126,7 @@ TABLE = [  # (row, body bytes or JSON, content type, expected status)
     ("JSON nested 100,000 deep", _nested(100_000), "application/json", 400),
     ("200,000 prompts of 'x'", {"prompt": ["x"] * 200_000}, None, 400),
     ("one 64 MB prompt string", {"prompt": "x" * (64 << 20)}, None, 413),
-    ("a text longer than max_model_len tokens could cover", {"prompt": "x" * (MAX_MODEL_LEN * 11 + 1)}, None, 400),
+    ("a text longer than max_model_len tokens could cover", {"prompt": TOO_LONG_TEXT}, None, 400),
 ]
 
 
@@ -136,12 +142,14 @@ def test_each_row_of_the_table_is_refused_within_a_second(cluster, row, body, co
     assert r.status_code == status, r.text
     assert elapsed < 1.0
     assert health.worst_s < 1.0
+    if body == {"prompt": TOO_LONG_TEXT}:  # refused from its length, never tokenized
+        assert "characters" in r.json()["error"]["message"]
 
 
 def test_a_long_text_is_tokenized_off_the_event_loop(cluster):
     """Texts inside the length bound are tokenized (in a thread, seconds for these), then refused
     for their token count: /health keeps answering meanwhile."""
-    text = "ab " * 7000  # 21,000 characters: under the bound (2,048 tokens of 11), over 2,048 tokens
+    text = "ab " * 7000  # 21,000 characters: under the bound (2,048 tokens of 13), over 2,048 tokens
     with HealthWatch(cluster.base_url) as health:
         r, elapsed = timed_post(cluster.base_url, json_body={"prompt": [text] * 64, "max_tokens": 1})
     print(f"\n64 texts of 21,000 characters: {r.status_code} in {elapsed:.2f} s, /health worst "
@@ -235,8 +243,9 @@ async def test_a_prompt_past_max_prompt_tokens_is_refused_by_the_sdk_at_once(clu
             await client.generate([5] * (limits.MAX_PROMPT_TOKENS + 1), SamplingParams(max_tokens=2))
         assert refused.value.code == "invalid_params" and time.monotonic() - started < 1.0
         with pytest.raises(RequestError) as refused:  # text: refused from its length, untokenized
-            await client.generate("x" * (MAX_MODEL_LEN * 11 + 1), SamplingParams(max_tokens=2))
-        assert refused.value.code == "prompt_too_long" and time.monotonic() - started < 2.0
+            await client.generate(TOO_LONG_TEXT, SamplingParams(max_tokens=2))
+        assert refused.value.code == "prompt_too_long" and "characters" in refused.value.message
+        assert time.monotonic() - started < 2.0
 
 
 # ---- stalled and dropped connections -------------------------------------------------------
