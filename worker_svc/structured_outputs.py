@@ -34,7 +34,6 @@ invalid_params. Requests without constraints pay one dict emptiness check per st
 import json
 import logging
 import re
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,7 +61,6 @@ class StepGrammar:
     bitmask: torch.Tensor | None  # [S, ceil(V / 32)] int32
     indices: list[int]
     errors: dict[int, str]
-    fill_s: float = 0.0  # seconds spent filling the bitmask (the benchmark's split)
 
     def apply(self, logits: torch.Tensor) -> None:
         if self.indices:
@@ -158,13 +156,12 @@ class StructuredOutputs:
             elif not state.matcher.is_terminated():
                 indices.append(i)
                 matchers.append(state.matcher)
-        start = time.perf_counter()
         bitmask = self._bitmask_for(len(rows))
         if matchers:
             self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices)
         # A terminated matcher (the grammar is complete) allows only EOS; one that ignores EOS
         # goes on unconstrained, as vLLM's does.
-        return StepGrammar(bitmask, indices, errors, time.perf_counter() - start)
+        return StepGrammar(bitmask, indices, errors)
 
     def _start_matcher(self, state: _Row) -> None:
         import xgrammar
