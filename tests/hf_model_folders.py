@@ -142,12 +142,12 @@ def without_sliding_window(folder: str, path: str) -> str:
 def make_phi3_folder(path: str, seed: int = 0, **overrides) -> str:
     """Phi-3: fused qkv_proj and gate_up_proj on disk, grouped-query attention (4 heads over 2 KV
     heads), partial rotary (half of head_dim 16) with longrope switching from the short to the
-    long factors past 16 tokens, inside the tests' lengths; no sliding window."""
+    long factors past 16 tokens, and a 12-token sliding window: both inside the tests' lengths."""
     from transformers import Phi3Config, Phi3ForCausalLM
     torch.manual_seed(seed)
     config = _llama_defaults(num_key_value_heads=2, max_position_embeddings=64,
                              original_max_position_embeddings=16, partial_rotary_factor=0.5,
-                             sliding_window=None, initializer_range=0.1,
+                             sliding_window=12, initializer_range=0.1,
                              rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                               "short_factor": [1.0, 1.2, 1.5, 2.0],
                                               "long_factor": [3.0, 5.0, 9.0, 17.0]})

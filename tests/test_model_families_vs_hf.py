@@ -95,7 +95,7 @@ async def _serve(folder: str, prompts, worker_args) -> tuple[list[list[int]], in
             health = await wait_until_idle(client)
     finally:
         cluster.stop()
-    return [o.token_ids for o in outputs], health.num_preemptions
+    return [o.outputs[0].token_ids for o in outputs], health.num_preemptions
 
 
 def test_real_processes_chunk_preempt_and_match_transformers(folders):
