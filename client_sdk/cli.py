@@ -57,6 +57,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         ("--max-num-requests", args.max_num_requests), ("--batch-dir", args.batch_dir)):
         if value:
             gateway_args += [flag, str(value)]
+    for flag, value in (("--max-request-body-bytes", args.max_request_body_bytes),
+                        ("--max-prompts-per-request", args.max_prompts_per_request)):
+        if value is not None:  # 0 means no bound
+            gateway_args += [flag, str(value)]
     return _run_until_stopped(cluster, lambda: cluster.start_gateway(gateway_args, host=args.host, port=args.port))
 
 
@@ -150,6 +154,10 @@ def main(argv=None) -> int:
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-num-requests", type=int, default=0)
+    serve.add_argument("--max-request-body-bytes", type=int, default=None,
+                       help="a larger request body gets a 413 before it is read (default: the gateway's, 32 MiB)")
+    serve.add_argument("--max-prompts-per-request", type=int, default=None,
+                       help="more prompts in one /v1/completions request get a 400 (default: the gateway's, 1024)")
     serve.add_argument("--batch-dir", default=None,
                        help="the Batch API's state and files (default: under the user's data directory)")
     serve.add_argument("--frontend", default="tcp://127.0.0.1:*", help="the scheduler's SDK address")

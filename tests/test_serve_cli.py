@@ -21,6 +21,7 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 def test_serve_answers_openai_and_bench_serve_measures_it_both_ways(tmp_path):
     port, frontend, workers = free_port(), free_port(), free_port()
     proc = subprocess.Popen([*STEPSERVE, "serve", *SMALL, "--port", str(port), "--served-model-name", "small",
+                             "--max-prompts-per-request", "2", "--max-request-body-bytes", "100000",
                              "--frontend", f"tcp://127.0.0.1:{frontend}",
                              "--worker-address", f"tcp://127.0.0.1:{workers}"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -32,6 +33,11 @@ def test_serve_answers_openai_and_bench_serve_measures_it_both_ways(tmp_path):
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         out = api.completions.create(model="small", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 3
+        with pytest.raises(openai.BadRequestError):  # the gateway's limits, as serve passed them
+            api.completions.create(model="small", prompt=["a", "b", "c"], max_tokens=1)
+        with pytest.raises(openai.APIStatusError) as too_large:
+            api.completions.create(model="small", prompt="x" * 100_001, max_tokens=1)
+        assert too_large.value.status_code == 413
 
         result_file = tmp_path / "http.json"
         bench("--base-url", f"http://127.0.0.1:{port}", "--served-model-name", "small", "--request-rate", "200",
