@@ -4,8 +4,8 @@ token for token, in float32.
 Each folder is built and saved by transformers (random weights) with scaling that changes
 positions inside the tests' lengths: original lengths of 16 or 24 tokens for prompts of up to 40
 tokens plus 10 generated. In process (the runner under the plan player): the eager path for
-every case and the compiled one for the three distinct rotary paths (precomputed tables, Phi-3's
-longrope with its recompute, dynamic NTK's per-token frequencies), under plans that mix prefill,
+every case and the compiled one for the run-time-length rotary paths (Phi-3's longrope with its
+recompute, dynamic NTK's per-token frequencies), under plans that mix prefill,
 chunked prefill and decode, preempt one request and swap another. Through real scheduler and
 worker processes: the scheduler chunks and mixes, and short memory makes it preempt. bfloat16
 runs end with the lengths asked for.
@@ -39,7 +39,10 @@ FOLDERS = {
     "llama-linear": lambda path: make_llama_folder(path, rope_parameters={"rope_type": "linear", "factor": 2.5,
                                                                           "rope_theta": 10000.0}),
 }
-COMPILED = ("llama3", "phi3-longrope", "llama-dynamic")
+# Compiled: the two rotary paths with run-time lengths (the rope_lengths op; dynamic's per-token
+# frequencies in the graph). Fixed-frequency types (llama3, yarn, linear) index precomputed tables
+# like default rope, whose compiled path test_models_vs_hf covers (Llama, Qwen3, ...).
+COMPILED = ("phi3-longrope", "llama-dynamic")
 
 
 @pytest.fixture(scope="module")
