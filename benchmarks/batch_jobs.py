@@ -135,6 +135,12 @@ async def _online_ttfts(address: str, rate: float, seconds: float, prompt_len: i
     return ttfts
 
 
+async def _until_idle(address: str) -> None:
+    async with AsyncClient(address) as client:
+        while (health := await client.health()).num_running + health.num_waiting:
+            await asyncio.sleep(0.2)
+
+
 def measure_ttft(args, tmp: str) -> None:
     src = os.path.join(tmp, "in.jsonl.gz")
     write_input(src, args.num_lines, args.prompt_len, args.max_tokens)
@@ -144,14 +150,18 @@ def measure_ttft(args, tmp: str) -> None:
         for mode in ("alone", "with_batch", "alone"):
             batch = start_run_batch(cluster.address, src, os.path.join(tmp, "out.jsonl")) \
                 if mode == "with_batch" else None
-            if batch is not None:
-                time.sleep(args.batch_head_start_s)  # the batch fills the scheduler first
+            if batch is not None:  # measured once the batch is answering, so the scheduler is full of it
+                out = os.path.join(tmp, "out.jsonl")
+                while not (os.path.exists(out) and os.path.getsize(out)) and batch.poll() is None:
+                    time.sleep(0.1)
+                time.sleep(args.batch_head_start_s)
             ttfts = sorted(asyncio.run(_online_ttfts(cluster.address, args.rate, args.seconds, args.prompt_len)))
             if batch is not None:
                 still_running = batch.poll() is None
                 batch.kill()
                 batch.wait()
                 assert still_running, "the batch ended before the online stream did: use more lines"
+                asyncio.run(_until_idle(cluster.address))  # a killed client's requests still run
             result.setdefault(mode, []).append({"median_ms": round(1000 * statistics.median(ttfts), 1),
                                                 "p99_ms": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1),
                                                 "num_requests": len(ttfts)})
@@ -170,7 +180,7 @@ def main(argv=None) -> None:
     p.add_argument("--num-lines", type=int, default=100000, help="ttft: the batch's lines")
     p.add_argument("--rate", type=float, default=10.0, help="ttft: online requests per second")
     p.add_argument("--seconds", type=float, default=30.0, help="ttft: how long the online stream runs")
-    p.add_argument("--batch-head-start-s", type=float, default=5.0)
+    p.add_argument("--batch-head-start-s", type=float, default=2.0, help="ttft: after the batch's first output")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
