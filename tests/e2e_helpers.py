@@ -1,5 +1,7 @@
 """Test tools for end-to-end tests: real scheduler and worker processes on loopback."""
 import asyncio
+import random
+import socket
 import time
 
 from client_sdk.client import AsyncClient
@@ -8,6 +10,8 @@ from client_sdk.client import AsyncClient
 # and the ones about the model's outputs through the service take COMPILED_WORKER_ARGS.
 COMPILED_WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05"]
 TEST_WORKER_ARGS = [*COMPILED_WORKER_ARGS, "--enforce-eager"]
+# Workers side by side in one test (replicas, restarts): one thread each.
+ONE_THREAD_WORKER_ARGS = [*TEST_WORKER_ARGS, "--threads", "1"]
 
 
 async def wait_until_idle(client: AsyncClient, timeout_s: float = 30.0):
@@ -55,3 +59,14 @@ async def wait_until_workers_hold_nothing(client: AsyncClient, timeout_s: float 
                 or time.monotonic() > deadline:
             return health
         await asyncio.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def random_prompts(n: int, vocab_size: int, lengths=(16,), seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, vocab_size) for _ in range(rng.choice(lengths))] for _ in range(n)]

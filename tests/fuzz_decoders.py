@@ -70,7 +70,7 @@ def TestOneInput(data: bytes) -> None:
 
 def write_seeds(folder: str) -> None:
     """Valid messages of every type (the codec tests' own), and valid request bodies."""
-    from tests.test_codec import LINKS
+    from tests.sample_messages import LINKS
     for link, (messages, _) in enumerate(LINKS):
         for i, message in enumerate(messages):
             with open(os.path.join(folder, f"link{link}-{i}"), "wb") as f:

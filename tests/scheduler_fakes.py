@@ -10,11 +10,17 @@ copies move the mirror as the worker moves the KV. Every computation then checks
 context it reads (cached prefix, swapped-in blocks, earlier chunks) holds its own tokens, and
 that it writes only into blocks no other request holds: a block handed out with the wrong
 contents, or freed while another request still reads it, fails at once.
+
+Beside it, the small builders the core's tests share: make_scheduler, make_request, step.
 """
 import random
 from collections import defaultdict
 
+from protocol.sampling import SamplingParams
 from protocol.worker_messages import StepPlan, StepResult
+from scheduler_svc.config import SchedulerConfig, WorkerCapacity
+from scheduler_svc.request import Request
+from scheduler_svc.scheduler import Scheduler
 
 
 class WorkerRequest:
@@ -127,3 +133,24 @@ def run_until_idle(scheduler, worker: FakeWorker, max_steps: int = 10_000) -> li
         updates += scheduler.update(plan, worker.run(plan))
         scheduler.check_integrity()
     raise AssertionError("no progress")
+
+
+EOS = 2  # the eos token id of make_scheduler's capacity
+
+
+def make_scheduler(num_gpu_blocks=64, block_size=4, num_cpu_blocks=0, num_state_slots=0,
+                   max_model_len=256, **config):
+    return Scheduler(SchedulerConfig(block_size=block_size, **config),
+                     WorkerCapacity(num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+                                    num_state_slots=num_state_slots, max_model_len=max_model_len,
+                                    eos_token_ids=(EOS,)))
+
+
+def make_request(request_id="r", prompt_len=4, priority=0, **params):
+    params.setdefault("max_tokens", 8)
+    return Request(request_id, list(range(100, 100 + prompt_len)), SamplingParams(**params), priority=priority)
+
+
+def step(scheduler, worker):
+    plan = scheduler.schedule()
+    return plan, scheduler.update(plan, worker.run(plan))

@@ -1,19 +1,10 @@
 """The `stepserve` command as a user runs it: real processes, output parsed."""
 import json
-import signal
 import subprocess
-import sys
 
 from client_sdk import Client, SamplingParams
-from tests.test_compose import free_port
-
-STEPSERVE = [sys.executable, "-m", "client_sdk.cli"]
-SMALL = ["--model", "micro-llama", "--dtype", "float32", "--kv-cache-gb", "0.05", "--enforce-eager"]
-
-
-def pids(pattern: str) -> list[str]:
-    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-
+from tests.cli_helpers import SMALL, STEPSERVE, pids, until_ctrl_c
+from tests.e2e_helpers import free_port
 
 def test_bench_throughput_prints_vllm_line_and_json():
     out = subprocess.run([*STEPSERVE, "bench", "throughput", *SMALL, "--num-prompts", "300", "--input-len", "8",
@@ -40,22 +31,12 @@ def test_generate_prints_a_completion():
 
 def test_up_serves_until_ctrl_c_then_stops_everything():
     frontend, workers = free_port(), free_port()
-    proc = subprocess.Popen([*STEPSERVE, "up", *SMALL, "--frontend", f"tcp://127.0.0.1:{frontend}",
-                             "--worker-address", f"tcp://127.0.0.1:{workers}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("stepserve up:"):
-                break
+    with until_ctrl_c("up", *SMALL, "--frontend", f"tcp://127.0.0.1:{frontend}",
+                      "--worker-address", f"tcp://127.0.0.1:{workers}"):
         with Client(f"tcp://127.0.0.1:{frontend}", timeout_s=60) as client:
             out = client.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
             assert len(out.outputs[0].token_ids) == 3
         assert pids(f"scheduler_svc .*127.0.0.1:{workers}") and pids(f"worker_svc .*127.0.0.1:{workers}")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     # The scheduler and the worker ran in their own sessions; none may outlive `up`.
     assert not pids(f"scheduler_svc .*127.0.0.1:{workers}") and not pids(f"worker_svc .*127.0.0.1:{workers}")
 

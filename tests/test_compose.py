@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import yaml
 
 from client_sdk import AuthenticationError, Client, SamplingParams
 from protocol.curve import generate_keys
+from tests.e2e_helpers import free_port
 from tests.gateway_helpers import post_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,12 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def compose():
     with open(os.path.join(ROOT, "compose.yaml")) as f:
         return yaml.safe_load(f)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def local_command(command: list[str], ports: dict[int, int], env: dict[str, str]) -> list[str]:

@@ -6,22 +6,15 @@ never reach the client."""
 import asyncio
 import random
 
-import pytest
 
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
 from tests.e2e_helpers import hf_greedy, wait_until_idle
-from tests.hf_model_folders import make_llama_folder
 
 MAX_TOKENS = 14
 # 40 blocks of 4 tokens for prompts of up to 30 tokens growing by 14: a few at a time fit.
 WORKER_ARGS = ["--dtype", "float32", "--block-size", "4", "--num-gpu-blocks", "40", "--threads", "1",
                "--enforce-eager"]
-
-
-@pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
-    return make_llama_folder(str(tmp_path_factory.mktemp("models") / "llama"))
 
 
 def workload(expected: list[list[int]]) -> list[SamplingParams]:

@@ -11,49 +11,18 @@ request; ~900 between two resizes of the dicts; the core alone holds ~600
 import asyncio
 
 import msgspec
-import zmq
-import zmq.asyncio
 
 from benchmarks.flood import flood, rss_mb
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode, PROTOCOL_VERSION
-from protocol.client_messages import ErrorReply, Generate, GenerateRequest, RequestOutputs
-from protocol.codec import encode, scheduler_to_client_decoder
+from protocol.client_messages import ErrorReply, Generate, GenerateRequest
+from protocol.codec import encode
 from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUESTS_PER_MESSAGE
-from tests.test_e2e_restarts import WORKER_ARGS
+from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS
+from tests.raw_client import RawClient
 
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
-
-
-class RawClient:
-    """A bare DEALER speaking the client protocol (a test tool): sends frames, collects outputs."""
-
-    def __init__(self, address: str):
-        self.ctx = zmq.asyncio.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.connect(address)
-        self.decoder = scheduler_to_client_decoder()
-        self.outputs: dict[str, list] = {}
-
-    async def send(self, frame: bytes) -> None:
-        await self.sock.send(frame)
-
-    async def receive_until(self, done, timeout_s: float = 30):
-        """Reads replies until done(self) holds; returns the ErrorReplies seen."""
-        errors = []
-        while not done(self):
-            reply = self.decoder.decode(await asyncio.wait_for(self.sock.recv(), timeout_s))
-            if isinstance(reply, ErrorReply):
-                errors.append(reply)
-            elif isinstance(reply, RequestOutputs):
-                for output in reply.outputs:
-                    self.outputs.setdefault(output.request_id, []).append(output)
-        return errors
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
 
 
 def generate(ids: list[str], prompt_len: int = 16) -> Generate:
@@ -93,7 +62,7 @@ async def test_past_the_limit_each_request_is_refused_at_once_and_a_waiting_one_
 
 
 async def test_a_flood_many_times_the_limit_completes_through_the_window():
-    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS,
+    with LocalCluster("micro-llama", 1, worker_args=ONE_THREAD_WORKER_ARGS,
                       scheduler_args=["--max-queued-requests", "4000", "--max-num-seqs", "512"]) as cluster:
         result = await flood(cluster, 20_000, prompt_len=4, window=None)  # the SDK's default: half the limit
     print(f"flood: {result}")
@@ -102,7 +71,7 @@ async def test_a_flood_many_times_the_limit_completes_through_the_window():
 
 
 async def test_each_limit_fails_its_request_alone():
-    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS) as cluster:
+    with LocalCluster("micro-llama", 1, worker_args=ONE_THREAD_WORKER_ARGS) as cluster:
         raw = RawClient(cluster.address)
         try:
             def request(rid, prompt=(5, 6, 7), **params):

@@ -13,9 +13,8 @@ from client_sdk.launcher import LocalCluster
 from client_sdk.process_output import tail
 from protocol.client_messages import Abort, Generate, GenerateRequest
 from protocol.codec import encode
-from tests.e2e_helpers import wait_until_workers_hold_nothing
-from tests.test_e2e_backpressure import RawClient
-from tests.test_e2e_restarts import WORKER_ARGS
+from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, wait_until_workers_hold_nothing
+from tests.raw_client import RawClient
 
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
 NUM_BATCH, NUM_WIRE, NUM_STREAMS, NUM_VANISHING = 3000, 1000, 200, 800  # 5,000 in all
@@ -84,7 +83,7 @@ async def test_chaos_every_request_ends_once_and_nothing_leaks():
                                         prompts[NUM_BATCH + NUM_WIRE:NUM_BATCH + NUM_WIRE + NUM_STREAMS],
                                         prompts[NUM_BATCH + NUM_WIRE + NUM_STREAMS:])
     assert len(vanishing) == NUM_VANISHING
-    with LocalCluster("micro-llama", 2, worker_args=WORKER_ARGS, scheduler_args=["--max-num-seqs", "64"]) as cluster:
+    with LocalCluster("micro-llama", 2, worker_args=ONE_THREAD_WORKER_ARGS, scheduler_args=["--max-num-seqs", "64"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=30) as client, \
                 AsyncClient(cluster.address, timeout_s=30) as stream_client:
             await client.wait_for_workers(2)

@@ -12,8 +12,8 @@ import zmq.auth
 
 from client_sdk import AsyncClient, AuthenticationError, SamplingParams
 from client_sdk.launcher import LocalCluster
-from tests.test_cli import STEPSERVE
-from tests.test_e2e_restarts import WORKER_ARGS
+from tests.cli_helpers import STEPSERVE
+from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS
 
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
 
@@ -37,12 +37,12 @@ def stranger(tmp_path_factory) -> str:
 
 
 async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(keys, stranger, monkeypatch):
-    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS, curve_keys=keys) as cluster:
+    with LocalCluster("micro-llama", 1, worker_args=ONE_THREAD_WORKER_ARGS, curve_keys=keys) as cluster:
         server_key = os.path.join(keys, "scheduler.key")
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSERVE_CURVE")}
         # Loads its model (seconds) while the clients below are refused.
         worker = subprocess.Popen([sys.executable, "-m", "worker_svc", "--scheduler", cluster.worker_address,
-                                   "--model", "micro-llama", *WORKER_ARGS, "--curve-server-key", server_key,
+                                   "--model", "micro-llama", *ONE_THREAD_WORKER_ARGS, "--curve-server-key", server_key,
                                    "--curve-secret-key", stranger], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, env=env)
         async with AsyncClient(cluster.address, timeout_s=30, **cluster.client_keys) as client:

@@ -9,8 +9,7 @@ import signal
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode
-from tests.test_e2e_restarts import WORKER_ARGS
-from tests.test_e2e_service import random_prompts
+from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, random_prompts
 
 SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 # Last in the batch: at the SIGTERM they still wait, and 480 steps cannot fit in the 0.1 s drain
@@ -20,7 +19,7 @@ NUM_SHORT, NUM_LONG = 600, 8
 
 
 async def test_sigterm_mid_batch_finishes_or_fails_every_request_and_exits_0():
-    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS,
+    with LocalCluster("micro-llama", 1, worker_args=ONE_THREAD_WORKER_ARGS,
                       scheduler_args=["--max-num-seqs", "16", "--drain-timeout-s", "0.1"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=30) as client:
             await client.wait_for_workers(1)

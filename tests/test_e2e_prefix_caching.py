@@ -8,12 +8,10 @@ workload with caching off and Hugging Face transformers.
 import asyncio
 import random
 
-import pytest
 
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
 from tests.e2e_helpers import hf_greedy, wait_until_idle
-from tests.hf_model_folders import make_llama_folder
 
 BLOCK_SIZE = 4
 # 48 blocks of 4 tokens: two or three requests at a time, so growing ones preempt others.
@@ -21,13 +19,6 @@ WORKER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--num-gpu
                "--threads", "1"]
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12)
 DOOMED = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=80)
-
-
-@pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "llama"
-    make_llama_folder(str(folder))
-    return str(folder)
 
 
 def mixed_prompts(seed: int = 5) -> list[list[int]]:

@@ -7,10 +7,8 @@ import pytest
 
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.launcher import LocalCluster
-from tests.e2e_helpers import wait_until_idle
-from tests.test_e2e_service import random_prompts
+from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, random_prompts, wait_until_idle
 
-WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--threads", "1", "--enforce-eager"]
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=400)
 
@@ -18,16 +16,9 @@ LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=400)
 @pytest.fixture(scope="module")
 def cluster():
     # Small batches so 2,000 requests take many steps and the kill lands mid-batch.
-    with LocalCluster("micro-llama", 2, worker_args=WORKER_ARGS,
+    with LocalCluster("micro-llama", 2, worker_args=ONE_THREAD_WORKER_ARGS,
                       scheduler_args=["--worker-timeout", "2", "--max-num-seqs", "32"]) as running:
         yield running
-
-
-@pytest.fixture
-async def client(cluster):
-    async with AsyncClient(cluster.address, timeout_s=60) as c:
-        await c.wait_for_workers(2)
-        yield c
 
 
 async def collect_stream(client: AsyncClient, prompt: list[int]) -> list[list[int]]:

@@ -12,18 +12,16 @@ import pytest
 from client_sdk import AsyncClient, SamplingParams, ServiceError
 from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode
-from tests.e2e_helpers import wait_until_idle, wait_until_workers_hold_nothing
-from tests.test_compose import free_port
-from tests.test_e2e_service import random_prompts
+from tests.e2e_helpers import (ONE_THREAD_WORKER_ARGS, free_port, random_prompts, wait_until_idle,
+                               wait_until_workers_hold_nothing)
 
 # Eager: these tests are about the service, not the compiled step (which costs ~9 s more per start).
-WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--threads", "1", "--enforce-eager"]
 SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=300)
 
 
 async def test_a_killed_scheduler_restarts_and_its_worker_and_clients_carry_on():
-    with LocalCluster("micro-llama", 1, worker_args=WORKER_ARGS, scheduler_args=["--max-num-seqs", "16"]) as cluster:
+    with LocalCluster("micro-llama", 1, worker_args=ONE_THREAD_WORKER_ARGS, scheduler_args=["--max-num-seqs", "16"]) as cluster:
         # batcher has asked nothing before its batch: the model's tokenizer, which decodes the
         # outputs, must be learnt before the scheduler dies, or the batch would be lost whole.
         async with AsyncClient(cluster.address, timeout_s=30) as client, \
@@ -87,7 +85,7 @@ async def kill_and_wait(client: AsyncClient, proc) -> None:
 async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_the_priority_policy():
     # The priority policy puts requests requeued from dead replicas and waiting ones in one heap;
     # --worker-timeout stays at 10 s, so only the closed connection can explain a short gap.
-    with LocalCluster("micro-llama", 2, worker_args=WORKER_ARGS,
+    with LocalCluster("micro-llama", 2, worker_args=ONE_THREAD_WORKER_ARGS,
                       scheduler_args=["--max-num-seqs", "32", "--policy", "priority"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=30) as client:
             await client.wait_for_workers(2)

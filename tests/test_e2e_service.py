@@ -1,6 +1,5 @@
 """End to end: real scheduler and worker processes on loopback, real ZeroMQ, real torch."""
 import asyncio
-import random
 
 import pytest
 import zmq
@@ -11,17 +10,9 @@ from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode
 from protocol.client_messages import ErrorReply, Generate, GenerateRequest, HealthQuery, RequestOutputs
 from protocol.codec import encode, scheduler_to_client_decoder
-from tests.e2e_helpers import COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, wait_until_idle
-from tests.hf_model_folders import make_llama_folder
+from tests.e2e_helpers import COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, random_prompts, wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "llama"
-    make_llama_folder(str(folder))
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +21,6 @@ def cluster(llama_folder):
     with LocalCluster(llama_folder, 1, worker_args=COMPILED_WORKER_ARGS,
                       scheduler_args=["--max-num-seqs", "64"]) as running:
         yield running
-
-
-@pytest.fixture
-async def client(cluster):
-    async with AsyncClient(cluster.address, timeout_s=60) as c:
-        await c.wait_for_workers(1)
-        yield c
-
-
-def random_prompts(n: int, vocab_size: int, lengths=(16,), seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(4, vocab_size) for _ in range(rng.choice(lengths))] for _ in range(n)]
 
 
 async def test_thousand_prompts_match_transformers(client, llama_folder):

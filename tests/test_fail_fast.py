@@ -10,7 +10,7 @@ import pytest
 from client_sdk import LLM
 from client_sdk.launcher import LocalCluster, ProcessExited
 from tests.hf_model_folders import make_llama_folder
-from tests.test_cli import STEPSERVE
+from tests.cli_helpers import STEPSERVE
 
 REASON = "unsupported architectures ['NoSuchArchitectureForCausalLM']"
 ANY_PORT = "tcp://127.0.0.1:*"

@@ -10,7 +10,7 @@ import subprocess
 import termios
 import threading
 
-from tests.test_cli import SMALL, STEPSERVE
+from tests.cli_helpers import SMALL, STEPSERVE
 
 
 def test_bench_throughput_says_what_it_runs_shows_progress_on_a_terminal_and_keeps_json_clean():

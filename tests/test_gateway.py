@@ -13,18 +13,12 @@ from client_sdk import Client
 from client_sdk.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy
 from tests.gateway_helpers import curl, metric_samples, post_json, sse_events
-from tests.hf_model_folders import make_llama_folder, write_chat_template
 
 KEY = "sk-test-key"
 MODEL = "tiny-chat"
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 PROMPTS = [[4 + (7 * i + j) % 990 for j in range(8)] for i in range(200)]  # distinct, equal lengths
 NUM_NEW = 5
-
-
-@pytest.fixture(scope="module")
-def chat_folder(tmp_path_factory):
-    return write_chat_template(make_llama_folder(str(tmp_path_factory.mktemp("gateway") / "llama")))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from client_sdk import AsyncClient, Client, SamplingParams
+from client_sdk import Client, SamplingParams
 from client_sdk.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 
@@ -17,13 +17,6 @@ def cluster():
     with LocalCluster("micro-llama", 1, worker_args=TEST_WORKER_ARGS,
                       scheduler_args=["--max-num-seqs", "16"]) as running:
         yield running
-
-
-@pytest.fixture
-async def client(cluster):
-    async with AsyncClient(cluster.address, timeout_s=60) as c:
-        await c.wait_for_workers(1)
-        yield c
 
 
 def prompts_of(n: int, seed: int = 0) -> list[list[int]]:

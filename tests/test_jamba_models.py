@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from tests.mamba_model_folders import make_jamba_folder
 from tests.state_model_driver import StateModelDriver
-from tests.test_mamba_models import MAX_NEW, hf_greedy, load_ours, random_prompts, run_mixed
+from tests.state_model_helpers import MAX_NEW, hf_greedy, load_ours, random_prompts, run_mixed
 from worker_svc.models.jamba import JambaForCausalLM
 from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.sparse_moe import SparseMoe

@@ -6,23 +6,17 @@ import pytest
 
 from client_sdk import LLM, ChatTemplateError, SamplingParams
 from tests.e2e_helpers import hf_greedy
-from tests.hf_model_folders import make_llama_folder, write_chat_template
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return write_chat_template(make_llama_folder(str(tmp_path_factory.mktemp("llm") / "llama")))
-
-
-@pytest.fixture(scope="module")
-def llm(folder):
-    with LLM(model=folder, tensor_parallel_size=2, dtype="float32", kv_cache_gb=0.05, seed=0) as llm:
+def llm(chat_folder):
+    with LLM(model=chat_folder, tensor_parallel_size=2, dtype="float32", kv_cache_gb=0.05, seed=0) as llm:
         yield llm
 
 
-def test_vllm_quickstart_runs_unchanged(llm, folder):
+def test_vllm_quickstart_runs_unchanged(llm, chat_folder):
     # vLLM's quickstart, as written for vLLM (plus ignore_eos, so the lengths are known).
     prompts = ["Hello, my name is", "The capital of France is"]
     sampling_params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
@@ -35,7 +29,7 @@ def test_vllm_quickstart_runs_unchanged(llm, folder):
     assert [o.prompt for o in outputs] == prompts and all(o.finished for o in outputs)
     assert [r.num_ranks for r in llm.client.health().replicas] == [2]
     greedy = outputs[0].outputs[0]
-    assert greedy.token_ids == hf_greedy(folder, [outputs[0].prompt_token_ids], 6)[0]  # the TP group is exact
+    assert greedy.token_ids == hf_greedy(chat_folder, [outputs[0].prompt_token_ids], 6)[0]  # the TP group is exact
     assert greedy.finish_reason == "length" and greedy.index == 0
     assert len(outputs[1].outputs[0].token_ids) == 4
     by_ids = llm.generate({"prompt_token_ids": outputs[0].prompt_token_ids}, sampling_params[0], use_tqdm=False)
@@ -81,13 +75,13 @@ def test_stop_strings_and_stop_tokens(llm):
         time.sleep(0.05)
 
 
-def test_chat_uses_the_models_template(llm, folder):
+def test_chat_uses_the_models_template(llm, chat_folder):
     from transformers import AutoTokenizer
-    expected = list(AutoTokenizer.from_pretrained(folder).apply_chat_template(
+    expected = list(AutoTokenizer.from_pretrained(chat_folder).apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False))
     outputs = llm.chat(MESSAGES, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert outputs[0].prompt_token_ids == expected
-    assert outputs[0].outputs[0].token_ids == hf_greedy(folder, [expected], 5)[0]
+    assert outputs[0].outputs[0].token_ids == hf_greedy(chat_folder, [expected], 5)[0]
     assert len(llm.chat([MESSAGES, MESSAGES[1:]], use_tqdm=False)) == 2
 
 

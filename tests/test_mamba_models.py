@@ -4,7 +4,6 @@ The driver (tests/state_model_driver.py) mixes first prefill chunks, later chunk
 in one batch, reuses freed state slots, and fills a newly taken slot with noise; the greedy
 tokens must still equal transformers' generate(do_sample=False) token for token.
 """
-import json
 
 import numpy as np
 import pytest
@@ -13,42 +12,11 @@ from safetensors.torch import load_file
 
 from tests.mamba_model_folders import make_mamba_folder
 from tests.state_model_driver import StateModelDriver
-from worker_svc.models import model_class
+from tests.state_model_helpers import MAX_NEW, hf_greedy, load_ours, random_prompts, run_mixed
 from worker_svc.models.mamba import MambaForCausalLM
 from worker_svc.models.state_layout import SeqGroup, StateLayout
 
 PROMPT_LENS = [11, 6, 1, 9, 3, 7]
-MAX_NEW = 10
-
-
-def load_ours(folder) -> torch.nn.Module:
-    with open(folder / "config.json") as f:
-        config = json.load(f)
-    model = model_class(config)(config, torch.float32)
-    model.load_weights(load_file(str(folder / "model.safetensors")).items())
-    return model
-
-
-def random_prompts(lens, seed=1) -> dict[str, list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return {f"r{i}": torch.randint(3, 1000, (n,), generator=gen).tolist()
-            for i, n in enumerate(lens)}
-
-
-def hf_greedy(hf_model, prompt: list[int], max_new: int) -> list[int]:
-    out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def run_mixed(model, prompts):
-    """Few slots and staggered arrivals: batches mix all three kinds and slots get reused."""
-    driver = StateModelDriver(model, num_slots=3)
-    arrival = {rid: 2 * i for i, rid in enumerate(prompts)}
-    outputs = driver.generate(prompts, MAX_NEW, chunk_size=4, arrival_step=arrival)
-    return driver, outputs
-
-
 @pytest.fixture(scope="module")
 def untied(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mamba_untied")

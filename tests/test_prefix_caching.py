@@ -9,8 +9,7 @@ from scheduler_svc import block_hash as block_hash_module
 from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.block_pool import BlockPool
 from scheduler_svc.request import Request
-from tests.scheduler_fakes import FakeWorker, run_until_idle
-from tests.test_scheduler_core import make_request, make_scheduler, step
+from tests.scheduler_fakes import FakeWorker, make_request, make_scheduler, run_until_idle, step
 
 PREFIX = list(range(200, 208))  # two blocks of 4
 

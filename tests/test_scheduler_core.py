@@ -3,34 +3,11 @@ import pytest
 
 from protocol.client_messages import TokenLogprobs
 from protocol.errors import ErrorCode
-from protocol.sampling import SamplingParams
 from protocol.worker_messages import StepResult
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
 from scheduler_svc.errors import RequestRejected
-from scheduler_svc.request import Request, RequestStatus
-from scheduler_svc.scheduler import Scheduler
-from tests.scheduler_fakes import FakeWorker, run_until_idle
-
-EOS = 2
-
-
-def make_scheduler(num_gpu_blocks=64, block_size=4, num_cpu_blocks=0, num_state_slots=0,
-                   max_model_len=256, **config):
-    return Scheduler(SchedulerConfig(block_size=block_size, **config),
-                     WorkerCapacity(num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-                                    num_state_slots=num_state_slots, max_model_len=max_model_len,
-                                    eos_token_ids=(EOS,)))
-
-
-def make_request(request_id="r", prompt_len=4, priority=0, **params):
-    params.setdefault("max_tokens", 8)
-    return Request(request_id, list(range(100, 100 + prompt_len)), SamplingParams(**params), priority=priority)
-
-
-def step(scheduler, worker):
-    plan = scheduler.schedule()
-    return plan, scheduler.update(plan, worker.run(plan))
-
+from scheduler_svc.request import RequestStatus
+from tests.scheduler_fakes import EOS, FakeWorker, make_request, make_scheduler, run_until_idle, step
 
 def test_config_is_validated():
     with pytest.raises(ValueError):

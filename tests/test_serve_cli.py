@@ -1,13 +1,12 @@
 """`stepserve serve` and `stepserve bench serve` as a user runs them: real processes, output parsed."""
 import json
-import signal
 import subprocess
 
 import openai
 import pytest
 
-from tests.test_cli import SMALL, STEPSERVE, pids
-from tests.test_compose import free_port
+from tests.cli_helpers import SMALL, STEPSERVE, pids, until_ctrl_c
+from tests.e2e_helpers import free_port
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -20,15 +19,10 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_serve_answers_openai_and_bench_serve_measures_it_both_ways(tmp_path):
     port, frontend, workers = free_port(), free_port(), free_port()
-    proc = subprocess.Popen([*STEPSERVE, "serve", *SMALL, "--port", str(port), "--served-model-name", "small",
-                             "--max-prompts-per-request", "2", "--max-request-body-bytes", "100000",
-                             "--frontend", f"tcp://127.0.0.1:{frontend}",
-                             "--worker-address", f"tcp://127.0.0.1:{workers}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("stepserve serve:"):
-                break
+    with until_ctrl_c("serve", *SMALL, "--port", str(port), "--served-model-name", "small",
+                      "--max-prompts-per-request", "2", "--max-request-body-bytes", "100000",
+                      "--frontend", f"tcp://127.0.0.1:{frontend}",
+                      "--worker-address", f"tcp://127.0.0.1:{workers}") as line:
         assert f"http://127.0.0.1:{port}/v1" in line
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         out = api.completions.create(model="small", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
@@ -52,11 +46,6 @@ def test_serve_answers_openai_and_bench_serve_measures_it_both_ways(tmp_path):
             assert 0 < result["median_ttft_ms"] <= result["p99_ttft_ms"] and result["median_itl_ms"] > 0
         assert sdk["max_concurrency"] == 8 and http["request_rate"] == 200
         assert pids(f"gateway_svc .*--port {port}") and pids(f"worker_svc .*127.0.0.1:{workers}")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     for pattern in (f"gateway_svc .*--port {port}", f"scheduler_svc .*127.0.0.1:{workers}",
                     f"worker_svc .*127.0.0.1:{workers}"):
         assert not pids(pattern), pattern

@@ -10,7 +10,7 @@ import torch
 from protocol.sampling import SamplingParams
 from tests.mamba_model_folders import make_jamba_folder, make_mamba_folder
 from tests.plan_player import PlanPlayer
-from tests.test_mamba_models import hf_greedy, random_prompts
+from tests.state_model_helpers import hf_greedy, random_prompts
 from worker_svc.models.state_layout import SeqGroup
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig

@@ -52,18 +52,18 @@ async def _generate(cluster: LocalCluster, num_workers: int, prompts, params=GRE
 
 
 @pytest.fixture(scope="module")
-def llama_folder(tmp_path_factory):
+def gqa_llama_folder(tmp_path_factory):
     # 4 query heads over 2 KV heads: each rank holds 2 query heads and 1 KV head.
     return make_llama_folder(str(tmp_path_factory.mktemp("tp") / "llama"), num_key_value_heads=2)
 
 
-def test_llama_group_of_two_matches_one_worker_and_transformers(llama_folder):
+def test_llama_group_of_two_matches_one_worker_and_transformers(gqa_llama_folder):
     prompts = _prompts(24, seed=3)
     with contextlib.ExitStack() as stack:  # both clusters start at once: start-up overlaps
-        group, alone = _start(stack, llama_folder, 2), _start(stack, llama_folder, 1)
+        group, alone = _start(stack, gqa_llama_folder, 2), _start(stack, gqa_llama_folder, 1)
         (by_group, group_health), (by_one, one_health) = asyncio.run(_gather(
             _generate(group, 2, prompts), _generate(alone, 1, prompts)))
-    assert by_group == by_one == hf_greedy(llama_folder, prompts, GREEDY.max_tokens)
+    assert by_group == by_one == hf_greedy(gqa_llama_folder, prompts, GREEDY.max_tokens)
     # Same --kv-cache-gb per rank, half the KV heads each: twice the blocks, all returned.
     assert group_health.num_total_blocks // 2 == one_health.num_total_blocks  # floors of bytes
     assert group_health.num_free_blocks == group_health.num_total_blocks
