@@ -21,7 +21,7 @@ from protocol.sampling import SamplingParams as WorkerSamplingParams
 from tests.e2e_helpers import wait_until_idle
 from tests.hf_model_folders import make_llama_folder, make_phi3_folder, make_qwen3_folder
 from tests.plan_player import PlanPlayer
-from tests.test_models_vs_hf import EVENTS, NUM_NEW_TOKENS, _hf_greedy, _prompts, _runner_greedy
+from tests.runner_greedy import EVENTS, NUM_NEW_TOKENS, hf_greedy_each, runner_greedy, sample_prompts
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig
 
@@ -53,20 +53,20 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(folders):
-    prompts = _prompts(1000)
-    return prompts, {name: _hf_greedy(folder, prompts) for name, folder in folders.items()}
+    prompts = sample_prompts(1000)
+    return prompts, {name: hf_greedy_each(folder, prompts) for name, folder in folders.items()}
 
 
 @pytest.mark.parametrize("name", list(FOLDERS))
 def test_eager_greedy_matches_transformers(folders, expected, name):
     prompts, by_name = expected
-    assert _runner_greedy(folders[name], prompts, EVENTS, token_budget=16, enforce_eager=True) == by_name[name]
+    assert runner_greedy(folders[name], prompts, EVENTS, token_budget=16, enforce_eager=True) == by_name[name]
 
 
 @pytest.mark.parametrize("name", COMPILED)
 def test_compiled_greedy_matches_transformers(folders, expected, name):
     prompts, by_name = expected
-    assert _runner_greedy(folders[name], prompts, EVENTS, token_budget=16) == by_name[name]
+    assert runner_greedy(folders[name], prompts, EVENTS, token_budget=16) == by_name[name]
 
 
 @pytest.mark.parametrize("name", list(FOLDERS))
@@ -75,7 +75,7 @@ def test_bfloat16_runs_end_with_the_lengths_asked_for(folders, name):
                                       enforce_eager=True))
     player = PlanPlayer(runner, token_budget=16)
     params = WorkerSamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    for i, prompt in enumerate(_prompts(1000)):
+    for i, prompt in enumerate(sample_prompts(1000)):
         player.add(f"req-{i}", prompt, params)
     outputs = player.run()
     assert [len(tokens) for tokens in outputs.values()] == [24] * 4
@@ -108,7 +108,7 @@ def test_real_processes_chunk_preempt_and_match_transformers(folders):
              "llama-dynamic": WORKER_ARGS + ["--enforce-eager"]}
     rng = random.Random(5)
     prompts = [[rng.randrange(4, 1000) for _ in range(rng.choice((3, 9, 20, 30)))] for _ in range(8)]
-    expected = {name: _hf_greedy(folders[name], prompts) for name in cases}
+    expected = {name: hf_greedy_each(folders[name], prompts) for name in cases}
 
     async def serve_all():
         return await asyncio.gather(*(_serve(folders[name], prompts, args) for name, args in cases.items()))

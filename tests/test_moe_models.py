@@ -11,7 +11,7 @@ import torch
 from protocol.sampling import SamplingParams
 from tests.hf_model_folders import make_mixtral_folder, make_qwen3_moe_folder, without_sliding_window
 from tests.plan_player import PlanPlayer
-from tests.test_models_vs_hf import EVENTS, NUM_NEW_TOKENS, _hf_greedy, _prompts, _runner_greedy
+from tests.runner_greedy import EVENTS, NUM_NEW_TOKENS, hf_greedy_each, runner_greedy, sample_prompts
 from worker_svc.loader import load_model
 from worker_svc.models.gated_mlp import GatedMLP
 from worker_svc.models.mixtral import MixtralForCausalLM
@@ -35,20 +35,20 @@ def qwen3_moe_folder(tmp_path_factory):
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_greedy_matches_transformers(request, family, enforce_eager):
     folder = request.getfixturevalue(f"{family}_folder")
-    prompts = _prompts(1000)
-    expected = _hf_greedy(folder, prompts)
+    prompts = sample_prompts(1000)
+    expected = hf_greedy_each(folder, prompts)
     assert len({tuple(t) for t in expected}) == len(prompts), "degenerate reference"
-    assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=enforce_eager) == expected
+    assert runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=enforce_eager) == expected
 
 
 def test_mixtral_with_mistral_sliding_window(tmp_path):
     """Mixtral's attention is Mistral's: an 8-token window, shorter than most prompts plus their
     outputs, changes the tokens, and the eager path still equals transformers."""
     folder = make_mixtral_folder(str(tmp_path / "model"), sliding_window=8)
-    prompts = _prompts(1000)
-    expected = _hf_greedy(folder, prompts)
-    assert expected != _hf_greedy(without_sliding_window(folder, str(tmp_path / "global")), prompts)
-    assert _runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == expected
+    prompts = sample_prompts(1000)
+    expected = hf_greedy_each(folder, prompts)
+    assert expected != hf_greedy_each(without_sliding_window(folder, str(tmp_path / "global")), prompts)
+    assert runner_greedy(folder, prompts, EVENTS, token_budget=16, enforce_eager=True) == expected
 
 
 def test_qwen3_moe_layer_plan(qwen3_moe_folder):
@@ -59,7 +59,7 @@ def test_qwen3_moe_layer_plan(qwen3_moe_folder):
 
 
 def test_bfloat16_runs_end_with_full_lengths(mixtral_folder):
-    prompts = _prompts(1000)
+    prompts = sample_prompts(1000)
     runner = ModelRunner(RunnerConfig(model=mixtral_folder, dtype="bfloat16", block_size=4, num_gpu_blocks=128,
                                       swap_space_gb=0.001, enforce_eager=True))
     player = PlanPlayer(runner, token_budget=16)
