@@ -70,7 +70,8 @@ class AsyncClient:
         if self._codec is None:
             info = await self.served_model()
             if info.tokenizer_json:
-                self._codec = TextCodec(info.tokenizer_json, info.max_model_len)
+                # Off the loop: building a large vocabulary takes a while (once per client).
+                self._codec = await off_loop(TextCodec, info.tokenizer_json, info.max_model_len)
         return self._codec
 
     async def text_codec(self, required: bool = True) -> TextCodec | None:
