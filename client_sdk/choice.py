@@ -93,7 +93,7 @@ class Choice:
         if finish_reason is not None:
             self.finish_reason = finish_reason
             if finish_reason == "stop" and self.stop_reason is None and self.token_ids \
-                    and self.token_ids[-1] in self.params.stop_token_ids:
+                    and self.token_ids[-1] in (self.params.stop_token_ids or ()):
                 self.stop_reason = self.token_ids[-1]
             if self.text is not None:
                 self.text.finish(self.token_ids)

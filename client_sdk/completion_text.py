@@ -7,7 +7,7 @@ from protocol.sampling import SamplingParams
 class CompletionText:
     def __init__(self, codec: TextCodec, params: SamplingParams):
         self._decoder = IncrementalDecoder(codec)
-        self._stop = params.stop
+        self._stop = params.stop or []
         self._include_stop = params.include_stop_str_in_output
         self._max_stop_len = max(map(len, self._stop), default=0)
         # Without the stop string in the output, text that may be the start of one is held back

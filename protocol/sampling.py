@@ -47,7 +47,7 @@ class StructuredOutputsParams(msgspec.Struct, forbid_unknown_fields=True, omit_d
                 raise ValueError("structured_outputs.json must be a JSON schema (an object)")
 
 
-class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
     """Per-request sampling, with vLLM's defaults and conventions.
 
     temperature 0 means greedy. top_k 0 or -1 means "no top-k" (vLLM's old and new
@@ -78,19 +78,19 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     top_k: Annotated[int, msgspec.Meta(ge=-1)] = 0
     min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     seed: int | None = None
-    stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] = []
+    stop_token_ids: Annotated[list[TokenId], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     stop: (Annotated[str, msgspec.Meta(max_length=MAX_STOP_STRING_LEN)]
            | Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_LEN)]],
-                       msgspec.Meta(max_length=MAX_STOP_STRINGS)]) = []
+                       msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None) = None
     include_stop_str_in_output: bool = False
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
     logit_bias: Annotated[dict[TokenId, Bias], msgspec.Meta(max_length=MAX_LOGIT_BIAS)] | None = None
     bad_words: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_STRING_LEN)]],
-                         msgspec.Meta(max_length=MAX_BAD_WORDS)] = []
+                         msgspec.Meta(max_length=MAX_BAD_WORDS)] | None = None
     allowed_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's: per prompt token (after the first) its logprob given what precedes it, plus the top K.

@@ -105,7 +105,7 @@ class RequestTable:
             self.scoring_rows.add(row)
         self.min_tokens[row] = p.min_tokens
         if p.min_tokens:
-            self.stop_ids[row] = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
+            self.stop_ids[row] = list(p.stop_token_ids or ()) + ([] if p.ignore_eos else self.eos_token_ids)
         try:
             num_prompt = new.num_prompt_tokens
             self.logits_processors.add(row, p, new.token_ids[:num_prompt], new.token_ids[num_prompt:])
