@@ -1,9 +1,28 @@
-"""Fixtures the test modules share. A module that uses `client` defines its own `cluster` (a
-LocalCluster, module-scoped); `client` connects to it once every worker has joined."""
+"""Fixtures the test modules share, and the tiers. A module that uses `client` defines its own
+`cluster` (a LocalCluster, module-scoped); `client` connects to it once every worker has joined.
+
+Tiers, by folder, each also a marker (`pytest -m unit`, `-m "not e2e"`):
+- unit/: the sans-IO scheduler core, block manager, codec, sampler: no process, no model; the
+  quick tier (`python -m pytest tests/unit`, well under a minute on 2 cores).
+- models/: model code in this process against transformers (runner, layers, kernels).
+- fuzz/: hypothesis and coverage-guided fuzzing of the core and the decoders.
+- e2e/: real scheduler, worker and gateway processes on loopback, real ZeroMQ and HTTP.
+"""
+import pathlib
+
 import pytest
 
 from client_sdk import AsyncClient
 from tests.hf_model_folders import make_llama_folder, write_chat_template
+
+TIERS = ("unit", "models", "fuzz", "e2e")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tier = pathlib.Path(str(item.path)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="module")

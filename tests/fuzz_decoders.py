@@ -5,7 +5,7 @@ the checks that follow them. The promise under test: bad bytes raise the decoder
 re-encodes to an equal message.
 
     python -m tests.fuzz_decoders -runs=200000          # libFuzzer flags; seeds are written first
-Run bounded in CI by tests/test_fuzz_decoders.py. The Python code around msgspec is
+Run bounded in CI by tests/fuzz/test_fuzz_decoders.py. The Python code around msgspec is
 instrumented (msgspec's C code is not: libFuzzer sees Python coverage only).
 """
 import os

@@ -1,7 +1,7 @@
 """Tensor parallel in one process: weight slicing, sharded forward, refusals, launcher helpers.
 
 The forward tests run the ranks of a group as threads whose collectives meet at a barrier
-(no torch.distributed), so they check the sharding math in seconds; tests/test_tensor_parallel.py
+(no torch.distributed), so they check the sharding math in seconds; tests/e2e/test_tensor_parallel.py
 checks real processes over gloo.
 """
 import threading

@@ -20,7 +20,7 @@ from protocol.curve import generate_keys
 from tests.e2e_helpers import free_port
 from tests.gateway_helpers import post_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
