@@ -78,20 +78,12 @@ def test_opt_group_of_two_matches_transformers(tmp_path):
     assert by_group == hf_greedy(folder, prompts, GREEDY.max_tokens)
 
 
-def test_mixtral_group_of_two_matches_one_worker_and_transformers(tmp_path):
-    """Each rank holds half of every expert's intermediate features. (The compiled MoE step is
-    tests/models/test_moe_models.py's: compiling here cost the suite ~100 s for no more cover.)"""
-    folder = make_mixtral_folder(str(tmp_path / "mixtral"))
-    prompts = _prompts(12, seed=5)
-    with contextlib.ExitStack() as stack:
-        group, alone = _start(stack, folder, 2), _start(stack, folder, 1)
-        (by_group, _), (by_one, _) = asyncio.run(_gather(_generate(group, 2, prompts), _generate(alone, 1, prompts)))
-    assert by_group == by_one == hf_greedy(folder, prompts, GREEDY.max_tokens)
-
-
-def test_qwen3_group_of_two_matches_one_worker_and_transformers(tmp_path):
-    """Each rank: 2 query heads over 1 KV head, the q/k norms whole (one weight per head_dim)."""
-    folder = make_qwen3_folder(str(tmp_path / "qwen3"))
+@pytest.mark.parametrize("make_folder", [make_mixtral_folder, make_qwen3_folder], ids=["mixtral", "qwen3"])
+def test_group_of_two_matches_one_worker_and_transformers(tmp_path, make_folder):
+    """Mixtral: each rank holds half of every expert's intermediate features (the compiled MoE
+    step is tests/models/test_moe_models.py's). Qwen3: each rank 2 query heads over 1 KV head,
+    the q/k norms whole (one weight per head_dim)."""
+    folder = make_folder(str(tmp_path / "model"))
     prompts = _prompts(12, seed=5)
     with contextlib.ExitStack() as stack:
         group, alone = _start(stack, folder, 2), _start(stack, folder, 1)
