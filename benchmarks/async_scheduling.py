@@ -8,14 +8,12 @@ health while the batch was at its fullest.
     python -m benchmarks.async_scheduling --model tiny-llama --num-prompts 5000 --lock-file /tmp/cpu.lock
 """
 import argparse
-import asyncio
 import copy
-import json
 import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args, run_rounds
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, run_mode_benchmark, run_rounds
 
 MODES = ("async", "sync")
 
@@ -27,7 +25,7 @@ async def run_once(args: argparse.Namespace, mode: str) -> dict:
     return {"scheduling": mode, **result}
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace) -> dict:
     cpu = cpu_summary()
     rows = await run_rounds(
         args, MODES, lambda mode: run_once(args, mode),
@@ -46,16 +44,13 @@ async def run(args: argparse.Namespace) -> int:
           f"{summary['sync']['requests_per_second']:.2f} requests/s (medians of {args.rounds}) = "
           f"{summary['async_over_sync']:.3f}x; worker busy {summary['async']['worker_busy_fraction']:.1%} / "
           f"{summary['sync']['worker_busy_fraction']:.1%}   [{cpu}]")
-    if args.json:
-        print(json.dumps(summary))
-    return 0
+    return summary
 
 
 def main(argv=None) -> int:
     parser = mode_parser("python -m benchmarks.async_scheduling", __doc__, "async/sync pairs")
     parser.set_defaults(model="micro-llama", num_prompts=10000)
-    args = parse_mode_args(parser, argv)
-    return asyncio.run(run(args))
+    return run_mode_benchmark(parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the A/B benchmarks share (prefix_caching.py, async_scheduling.py): their command line,
 and one throughput run on a fresh local cluster, optionally under a file lock."""
 import argparse
+import asyncio
 import contextlib
 import fcntl
 import json
@@ -20,11 +21,16 @@ def mode_parser(prog: str, doc: str, rounds_help: str) -> argparse.ArgumentParse
     return parser
 
 
-def parse_mode_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+def run_mode_benchmark(parser: argparse.ArgumentParser, run, argv) -> int:
+    """Parse the command line, run the series (`run(args)` returns its summary), and print the
+    summary as one JSON line with --json."""
     args = parser.parse_args(argv)
     if args.address is not None:
         parser.error("--address: each run starts its own cluster")
-    return args
+    summary = asyncio.run(run(args))
+    if args.json:
+        print(json.dumps(summary))
+    return 0
 
 
 @contextlib.contextmanager

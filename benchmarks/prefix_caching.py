@@ -13,14 +13,12 @@ Every run starts its own local cluster, so the cache starts cold and runs do not
 shares a machine with other heavy jobs without holding it between runs.
 """
 import argparse
-import asyncio
 import copy
-import json
 import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, parse_mode_args, run_rounds
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, run_mode_benchmark, run_rounds
 
 MODES = {"on": "--enable-prefix-caching", "off": "--no-enable-prefix-caching"}
 
@@ -33,7 +31,7 @@ async def run_once(args: argparse.Namespace, workload: str, mode: str) -> dict:
     return {"workload": workload, "prefix_caching": mode, **result}
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace) -> dict:
     cpu = cpu_summary()
     rows = []
     for workload in args.workloads.split(","):  # alternating within every round: on, off, on, off, ...
@@ -54,17 +52,14 @@ async def run(args: argparse.Namespace) -> int:
                              "on_over_off": round(median["on"] / median["off"], 3)}
         print(f"{workload}: caching on {median['on']:.2f} / off {median['off']:.2f} requests/s (medians of "
               f"{args.rounds}) = {median['on'] / median['off']:.3f}x   [{cpu}]")
-    if args.json:
-        print(json.dumps(summary))
-    return 0
+    return summary
 
 
 def main(argv=None) -> int:
     parser = mode_parser("python -m benchmarks.prefix_caching", __doc__, "on/off pairs per workload")
     parser.set_defaults(num_prompts=2000, prefix_len=1024, input_len=32, output_len=16)
     parser.add_argument("--workloads", default="shared,unshared")
-    args = parse_mode_args(parser, argv)
-    return asyncio.run(run(args))
+    return run_mode_benchmark(parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ from starlette.requests import ClientDisconnect
 from gateway_svc.batch_api import add_batch_routes
 from gateway_svc.batch_store import BatchStore
 from gateway_svc.body_limit import BodyLimit
-from gateway_svc.chat import create_chat_completion
-from gateway_svc.completions import create_completion
+from gateway_svc.chat import chat_completion_job
+from gateway_svc.completions import completion_job
 from gateway_svc.disconnects import CountDisconnects
 from gateway_svc.errors import APIError, from_sdk_error, install_error_handlers, unavailable
-from gateway_svc.responses import json_response
+from gateway_svc.responses import json_response, serve_endpoint
 from gateway_svc.upstream import Upstream
 from protocol.metrics import CONTENT_TYPE
 
@@ -54,11 +54,11 @@ def create_app(upstream: Upstream, api_key: str | None = None, batch_store: Batc
 
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request):
-        return await _as_api_errors(create_completion(request, upstream))
+        return await _as_api_errors(serve_endpoint(request, upstream, completion_job))
 
     @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request):
-        return await _as_api_errors(create_chat_completion(request, upstream))
+        return await _as_api_errors(serve_endpoint(request, upstream, chat_completion_job))
 
     @app.get("/v1/models", dependencies=keyed)
     async def models():

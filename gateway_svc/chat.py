@@ -1,12 +1,10 @@
 """POST /v1/chat/completions: messages rendered with the model's chat template, n choices."""
-from fastapi import Request
-
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
 from gateway_svc.logprobs import chat_logprobs
-from gateway_svc.openai_requests import ChatCompletionRequest, decode_body, refuse_unsupported, sampling_params
+from gateway_svc.openai_requests import ChatCompletionRequest, checked_request, sampling_params
 from gateway_svc.request_limits import check_depth
-from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id, serve
+from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id
 from gateway_svc.upstream import Upstream
 from protocol.sampling import MAX_LOGPROBS
 
@@ -55,17 +53,10 @@ class ChatFormatter(Formatter):
         return body
 
 
-async def create_chat_completion(request: Request, upstream: Upstream):
-    job, formatter = await chat_completion_job(await request.body(), upstream)
-    return await serve(request, upstream, job, formatter)
-
-
 async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, ChatFormatter]:
     """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
     a batch line (gateway_svc.batch_lines) both run it."""
-    req = decode_body(body, ChatCompletionRequest)
-    info = await upstream.check_model(req.model)
-    refuse_unsupported(req)
+    req, info = await checked_request(body, ChatCompletionRequest, upstream)
     if not req.messages:
         raise bad_request("messages must not be empty", param="messages")
     check_depth(req.messages, "messages")

@@ -1,12 +1,10 @@
 """POST /v1/completions: prompts as text, token ids, or lists of either; n choices each."""
-from fastapi import Request
-
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
 from gateway_svc.choices import GatheredChoice
 from gateway_svc.logprobs import completion_logprobs, echo_logprobs
-from gateway_svc.openai_requests import CompletionRequest, decode_body, refuse_unsupported, sampling_params
-from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id, serve
+from gateway_svc.openai_requests import CompletionRequest, checked_request, sampling_params
+from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id
 from gateway_svc.upstream import Upstream
 
 
@@ -99,17 +97,10 @@ class CompletionFormatter(Formatter):
         choice["logprobs"] = echoed
 
 
-async def create_completion(request: Request, upstream: Upstream):
-    job, formatter = await completion_job(await request.body(), upstream)
-    return await serve(request, upstream, job, formatter)
-
-
 async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, CompletionFormatter]:
     """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
     a batch line (gateway_svc.batch_lines) both run it."""
-    req = decode_body(body, CompletionRequest)
-    info = await upstream.check_model(req.model)
-    refuse_unsupported(req)
+    req, info = await checked_request(body, CompletionRequest, upstream)
     prompts = prompt_list(req.prompt, info.max_model_len)
     upstream.limits.check_num_prompts(len(prompts))
     codec = await upstream.client.text_codec(required=False)

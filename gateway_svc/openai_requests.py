@@ -4,7 +4,7 @@ their sampling fields turned into the SDK's SamplingParams (which owns the value
 Unknown fields are ignored, as vLLM does; fields we cannot honour (suffix, tools, a streamed
 echo) are refused with a 400 rather than silently dropped.
 """
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -12,6 +12,9 @@ from client_sdk.model_defaults import with_model_defaults
 from gateway_svc.errors import bad_request
 from protocol.client_messages import ModelInfo
 from protocol.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from gateway_svc.upstream import Upstream
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -79,6 +82,15 @@ def decode_body(body: bytes, kind: type):
         raise bad_request(f"the body is not valid JSON: {e}") from None
     except RecursionError:
         raise bad_request("the body nests lists and objects too deeply to parse") from None
+
+
+async def checked_request(body: bytes, kind: type, upstream: "Upstream") -> tuple[Any, ModelInfo]:
+    """The body decoded as `kind`, naming a model this gateway serves, with the fields stepserve
+    cannot honour refused: the head every endpoint and batch line shares."""
+    req = decode_body(body, kind)
+    info = await upstream.check_model(req.model)
+    refuse_unsupported(req)
+    return req, info
 
 
 def refuse_unsupported(req: _SamplingFields) -> None:

@@ -99,6 +99,13 @@ def check_token_ids(info: ModelInfo, ids: list[int]) -> None:
         raise bad_request(f"prompt token ids must be in [0, {info.vocab_size})", param="prompt")
 
 
+async def serve_endpoint(request: Request, upstream: Upstream, make_job) -> Response:
+    """One HTTP request of an endpoint: parsed and checked by make_job (completions.completion_job,
+    chat.chat_completion_job; a batch line goes through the same), then served."""
+    job, fmt = await make_job(await request.body(), upstream)
+    return await serve(request, upstream, job, fmt)
+
+
 async def serve(request: Request, upstream: Upstream, job: Job, fmt: Formatter) -> Response:
     await upstream.admit()
     deltas = run_choices(upstream.client, upstream.metrics, job.request_id, job.prompts, job.params, job.priority)
