@@ -1,4 +1,6 @@
 """POST /v1/completions: prompts as text, token ids, or lists of either; n choices each."""
+import msgspec
+
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
 from gateway_svc.choices import GatheredChoice
@@ -113,7 +115,9 @@ async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Completi
     for prompt_ids in ids:
         check_token_ids(info, prompt_ids)
     prompt_logprobs = req.logprobs if req.echo else None
-    max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens  # scoring: CompletionFormatter
+    max_tokens = req.max_tokens if req.max_tokens is not msgspec.UNSET else info.sampling_defaults.max_tokens or 16
+    if req.echo and max_tokens == 0:
+        max_tokens = 1  # scoring: CompletionFormatter
     params = [sampling_params(req, max_tokens_for(info, len(p), max_tokens), req.logprobs, prompt_logprobs,
                               info=info)
               for p in ids]

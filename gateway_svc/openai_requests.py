@@ -54,7 +54,9 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
 
 class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[Any]
-    max_tokens: int | None = 16  # OpenAI's default for completions
+    # Unset: the model's own default (generation_config's max_new_tokens), else OpenAI's 16;
+    # null: up to the model's length (vLLM's reading)
+    max_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None

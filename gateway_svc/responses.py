@@ -78,13 +78,14 @@ class Formatter:
 
 
 def max_tokens_for(info: ModelInfo, prompt_len: int, requested: int | None) -> int:
-    """The completion's token budget; a 400 when the prompt and it exceed the model's length."""
+    """The completion's token budget (unrequested: the room left, at most the model's own default,
+    as vLLM's get_max_tokens); a 400 when the prompt and it exceed the model's length."""
     room = info.max_model_len - prompt_len
     if room < 1:
         raise bad_request(f"This model's maximum context length is {info.max_model_len} tokens; the prompt has "
                           f"{prompt_len}, which leaves no room to generate.", "prompt_too_long")
     if requested is None:
-        return room
+        return min(room, info.sampling_defaults.max_tokens or room)
     if requested > room:
         raise bad_request(f"This model's maximum context length is {info.max_model_len} tokens. However, you "
                           f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "

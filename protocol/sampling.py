@@ -124,3 +124,4 @@ class SamplingDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
     min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # the file's max_new_tokens, as vLLM reads it

@@ -182,6 +182,8 @@ def sampling_defaults(folder: str | None) -> SamplingDefaults:
     generation = _generation_config(folder)
     fields = {name: generation[name] for name, default in _TRANSFORMERS_DEFAULTS.items()
               if generation.get(name, default) != default}
+    if generation.get("max_new_tokens") is not None:  # vLLM's get_diff_sampling_param renames it so
+        fields["max_tokens"] = generation["max_new_tokens"]
     try:
         return msgspec.convert(fields, SamplingDefaults)
     except msgspec.ValidationError as e:

@@ -44,7 +44,7 @@ def folder_and_greedy(tmp_path_factory):
     with open(path) as f:
         config = json.load(f)
     config.update(temperature=0.0, top_k=5, top_p=0.9, repetition_penalty=1.3, eos_token_id=[2, extra_eos],
-                  do_sample=True)
+                  do_sample=True, max_new_tokens=6)
     with open(path, "w") as f:
         json.dump(config, f)
     return folder, greedy, penalised
@@ -52,8 +52,8 @@ def folder_and_greedy(tmp_path_factory):
 
 def test_transformers_defaults_in_the_file_are_not_the_models_choice(tmp_path):
     with open(tmp_path / "generation_config.json", "w") as f:
-        json.dump({"temperature": 1.0, "top_k": 50, "top_p": 0.95}, f)  # vLLM reads to_diff_dict: top_p alone
-    assert sampling_defaults(str(tmp_path)) == SamplingDefaults(top_p=0.95)
+        json.dump({"temperature": 1.0, "top_k": 50, "top_p": 0.95, "max_new_tokens": None}, f)
+    assert sampling_defaults(str(tmp_path)) == SamplingDefaults(top_p=0.95)  # vLLM reads to_diff_dict: top_p alone
     assert sampling_defaults(None) == SamplingDefaults()
 
 
@@ -73,11 +73,11 @@ def test_defaults_fill_unset_fields_in_the_sdk_llm_and_gateway(folder_and_greedy
     with LLM(folder, worker_args=TEST_WORKER_ARGS) as llm:
         info = llm.client.model_info()
         assert info.sampling_defaults == SamplingDefaults(temperature=0.0, top_k=5, top_p=0.9,
-                                                          repetition_penalty=1.3)
+                                                          repetition_penalty=1.3, max_tokens=6)
         assert penalised[2] in info.eos_token_ids and 2 in info.eos_token_ids
         defaults = llm.get_default_sampling_params()
         assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.0, 5, 0.9)
-        assert defaults.repetition_penalty == 1.3
+        assert (defaults.repetition_penalty, defaults.max_tokens) == (1.3, 6)
         (out,) = llm.generate([PROMPT])  # no sampling_params: the model's defaults
         assert out.outputs[0].token_ids == expected and out.outputs[0].finish_reason == "stop"
         # An explicit SamplingParams is taken as it is (vLLM's LLM too): no EOS, 8 tokens
@@ -93,6 +93,10 @@ def test_defaults_fill_unset_fields_in_the_sdk_llm_and_gateway(folder_and_greedy
         status, body = post_json(url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "top_k": 1,
                                                            "temperature": 1.0, "return_token_ids": True})
         assert json.loads(body)["choices"][0]["token_ids"] == expected  # top_k 1: greedy by another road
+        # No max_tokens: the file's max_new_tokens, not the room left in the model's length
+        status, body = post_json(url + "/v1/completions", {"prompt": PROMPT, "ignore_eos": True,
+                                                           "return_token_ids": True})
+        assert json.loads(body)["choices"][0]["token_ids"] == penalised[:6]
 
 
 def test_generation_config_vllm_ignores_the_sampling_defaults_not_the_eos_ids(folder_and_greedy):
