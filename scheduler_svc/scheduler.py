@@ -20,7 +20,8 @@ in a later plan. A request that will finish by length when its awaited token arr
 scheduled again; one that stops on a token (EOS, a stop token) or is aborted meanwhile has the
 token of the later plan discarded, and its id goes out in the next plan's finished_ids. A
 request preempted while a step computes for it gets that step's token when it is applied, and
-cannot be scheduled again before: preemption admits nothing in its plan, and the plan after
+cannot be scheduled again before: preemption admits nothing in its plan (but requests more
+urgent than every one it preempted, for whom priority preemption made room), and the plan after
 is made once the step was applied. Hence two plans, never more.
 
 Longer than ~300 lines on purpose: schedule(), update() and the ends of a request change one
@@ -142,15 +143,23 @@ class Scheduler:
         """The next plan, or None when there is nothing to run and nothing to tell the worker."""
         assert len(self._inflight) < 2, "two plans in flight: update() the oldest first"
         batch = StepBatch(self.config.max_num_batched_tokens)
+        urgent_below = None
         if self.config.policy == "priority":
-            self._preempt_for_waiting(batch)
+            urgent_below = self._preempt_for_waiting(batch)
+        num_preempted_for_waiting = len(batch.preempted_ids)
         self._schedule_running(batch)
-        # Preemption means memory is short: admit nothing more this step. It also keeps CPU
-        # blocks freed by a swap-in from being reused by a swap-out of the same plan.
+        # Preemption for memory means memory is short: admit nothing more this step. It also
+        # keeps CPU blocks freed by a swap-in from being reused by a swap-out of the same plan.
         if not batch.preempted_ids:
             self._schedule_swapped(batch)
             if not self._swapped:
                 self._schedule_waiting(batch)
+        elif urgent_below is not None and len(batch.preempted_ids) == num_preempted_for_waiting:
+            # Seats were freed for the waiting head only: it enters in this same plan, not a
+            # step later. Only requests more urgent than every one preempted are admitted, so a
+            # request preempted here (a step may still compute for it) never re-enters before
+            # that step is applied.
+            self._schedule_waiting(batch, urgent_below)
         scheduled = batch.new_scheduled + batch.running_scheduled
         if not (scheduled or self._pending_finished or batch.preempted_ids):
             return None
@@ -203,15 +212,16 @@ class Scheduler:
             request.num_blocks_sent = len(request.block_ids)
             i += 1
 
-    def _preempt_for_waiting(self, batch: StepBatch) -> None:
+    def _preempt_for_waiting(self, batch: StepBatch) -> int | None:
         """vLLM's priority scheduling: a waiting request with a lower priority value than the
         least urgent running one, which finds no seat or no blocks beside it, takes its place;
-        the running one is preempted (and, as after any preemption, nothing is admitted in this
-        plan: the waiting one enters in the next). O(running log running), and only when the
-        head of the queue outranks someone running."""
+        the running one is preempted. Returns the lowest priority value preempted (the waiting
+        requests below it may enter in this plan), None when none was. O(running log running),
+        and only when the head of the queue outranks someone running."""
         head = self._waiting.peek()
         if head is None or not self._running:
-            return
+            return None
+        lowest_preempted = None
         victims: list[Request] | None = None
         block_manager = self.block_manager
         while True:
@@ -220,12 +230,14 @@ class Scheduler:
                 num_tokens = prefix.num_computed_tokens + min(head.num_tokens - prefix.num_computed_tokens,
                                                               self.config.max_num_batched_tokens)
                 if block_manager.can_admit(head, prefix, num_tokens):
-                    return
+                    return lowest_preempted
             if victims is None:
                 victims = sorted(self._running.values(), key=_priority_key)
             if not victims or victims[-1].priority <= head.priority:
-                return
-            self._preempt(victims.pop(), batch)
+                return lowest_preempted
+            victim = victims.pop()
+            lowest_preempted = victim.priority if lowest_preempted is None else min(lowest_preempted, victim.priority)
+            self._preempt(victim, batch)
 
     def _preempt(self, request: Request, batch: StepBatch) -> None:
         del self._running[request.request_id]
@@ -256,11 +268,13 @@ class Scheduler:
             del self._swapped[request.request_id]
             self._running[request.request_id] = request
 
-    def _schedule_waiting(self, batch: StepBatch) -> None:
+    def _schedule_waiting(self, batch: StepBatch, priority_below: int | None = None) -> None:
+        """Admits from the front of waiting while seats, budget and blocks allow; with
+        priority_below, only requests of a lower priority value than it."""
         waiting, block_manager = self._waiting, self.block_manager
         while len(self._running) < self.max_num_running:
             request = waiting.peek()
-            if request is None:
+            if request is None or (priority_below is not None and request.priority >= priority_below):
                 break
             prefix = block_manager.find_cached_prefix(request)
             num_computed = prefix.num_computed_tokens
@@ -348,6 +362,11 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def waiting_head(self) -> Request | None:
+        """The request the core admits next. O(1) (amortised over lazily removed entries)."""
+        return self._waiting.peek()
 
     @property
     def num_running(self) -> int:

@@ -37,6 +37,7 @@ class ReplicaDriver:
         # Requests the core holds waiting at most: a late or a lightly loaded replica takes work
         # at once, and a dead replica's requests go back to the front of `pending`.
         self.watermark = 2 * service.config.max_num_seqs
+        self.priority_policy = service.config.policy == "priority"
 
     async def run(self) -> None:
         try:
@@ -75,11 +76,23 @@ class ReplicaDriver:
 
     def _refill(self) -> None:
         """Moves pending requests into the core, up to the watermark of waiting ones; one the
-        core refuses (scheduler_svc/validation.py) fails alone."""
+        core refuses (scheduler_svc/validation.py) fails alone.
+
+        Under the priority policy the requests more urgent than the core's waiting head pass the
+        watermark, up to a second watermark's worth: else an interactive request would sit behind
+        a core queue full of batch work until enough of it was admitted, many steps. A refill
+        moves at most two watermarks of requests, so a step stays O(batch)."""
         core, pending = self.core, self.service.requests.pending
-        while core.num_waiting < self.watermark:
+        head = core.waiting_head
+        # The head as the refill began: a burst of urgent requests enters together.
+        urgent_below = head.priority if self.priority_policy and head is not None else None
+        while True:
             request = pending.peek()
             if request is None:
+                break
+            if core.num_waiting >= self.watermark and not (
+                    urgent_below is not None and request.priority < urgent_below
+                    and core.num_waiting < 2 * self.watermark):
                 break
             try:
                 core.add_request(request)

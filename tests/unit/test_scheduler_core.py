@@ -298,14 +298,52 @@ def test_priority_policy_preempts_a_running_batch_request_for_a_more_urgent_one(
         scheduler.add_request(make_request(name, priority=1, max_tokens=50, ignore_eos=True))
     step(scheduler, worker)
     scheduler.add_request(make_request("interactive", priority=0, max_tokens=3, ignore_eos=True))
-    plan, _ = step(scheduler, worker)  # no seat: the newest batch request makes room
-    assert plan.preempted_ids == ["batch2"] and not plan.new_requests
-    plan, _ = step(scheduler, worker)
-    assert [r.request_id for r in plan.new_requests] == ["interactive"]
+    plan, _ = step(scheduler, worker)  # no seat: the newest batch request makes room, at once
+    assert plan.preempted_ids == ["batch2"] and [r.request_id for r in plan.new_requests] == ["interactive"]
     scheduler.add_request(make_request("same", priority=1, max_tokens=3))
     plan, _ = step(scheduler, worker)  # an equal priority never preempts
     assert not plan.preempted_ids and not plan.new_requests
     run_until_idle(scheduler, worker)
+
+
+def test_priority_preemption_admits_only_requests_more_urgent_than_those_it_preempted():
+    # Three seats of batch work (priority 2, 2, 1); waiting: two interactive requests (0) and a
+    # batch one of priority 1. The two least urgent are preempted for the interactive ones, which
+    # enter in the same plan; neither the preempted ones nor the waiting priority-1 request do,
+    # though the plan has budget left (a step in flight may still compute for a preempted one).
+    scheduler, worker = make_scheduler(policy="priority", max_num_seqs=3), FakeWorker(4)
+    for name, priority in (("batch-a", 2), ("batch-b", 2), ("batch-c", 1)):
+        scheduler.add_request(make_request(name, priority=priority, max_tokens=50, ignore_eos=True))
+    step(scheduler, worker)
+    scheduler.add_request(make_request("waiting-1", priority=1, max_tokens=3))
+    scheduler.add_request(make_request("chat-1", priority=0, max_tokens=3, ignore_eos=True))
+    scheduler.add_request(make_request("chat-2", priority=0, max_tokens=3, ignore_eos=True))
+    plan = scheduler.schedule()
+    assert plan.preempted_ids == ["batch-b"]  # room for the head only; the next plan makes more
+    assert [r.request_id for r in plan.new_requests] == ["chat-1"]
+    scheduler.update(plan, worker.run(plan))
+    plan, _ = step(scheduler, worker)
+    assert plan.preempted_ids == ["batch-a"] and [r.request_id for r in plan.new_requests] == ["chat-2"]
+    run_until_idle(scheduler, worker)
+
+
+def test_priority_preemption_under_async_scheduling_re_admits_no_request_with_a_step_in_flight():
+    # Two plans in flight: the preempting plan is made while a step still computes for its
+    # victim; the victim comes back only once that step was applied, with its token.
+    scheduler, worker = make_scheduler(policy="priority", max_num_seqs=1), FakeWorker(4)
+    scheduler.add_request(make_request("batch", priority=1, max_tokens=6, ignore_eos=True))
+    first = scheduler.schedule()
+    first_result = worker.run(first)
+    scheduler.add_request(make_request("chat", priority=0, max_tokens=2, ignore_eos=True))
+    second = scheduler.schedule()  # made while the first is in flight
+    assert second.preempted_ids == ["batch"] and [r.request_id for r in second.new_requests] == ["chat"]
+    second_result = worker.run(second)
+    scheduler.update(first, first_result)
+    batch = scheduler.get_request("batch")
+    assert len(batch.output_token_ids) == 1  # the token of the step in flight when it was preempted
+    scheduler.update(second, second_result)
+    run_until_idle(scheduler, worker)
+    assert batch.finish_reason == "length" and len(batch.output_token_ids) == 6
 
 
 def test_take_unfinished_returns_all_live_requests_reset_in_rerun_order():
