@@ -109,12 +109,15 @@ class BatchJobs:
         before = BatchCounts()
         out = None
         runner = BatchRunner(self.upstream, lambda line: out.write(line), window=self.window,
-                             min_priority=BATCH_PRIORITY, on_line=self.metrics.on_line)
+                             min_priority=BATCH_PRIORITY, endpoint=batch["endpoint"], on_line=self.metrics.on_line)
 
         def already_done(output: dict) -> None:
             runner.mark_done(output)
             if output.get("error") is None:
                 before.num_completed += 1
+                usage = output["response"]["body"]["usage"]
+                before.num_prompt_tokens += usage["prompt_tokens"]
+                before.num_completion_tokens += usage["completion_tokens"]
             else:
                 before.num_failed += 1
 
@@ -127,7 +130,9 @@ class BatchJobs:
                 await asyncio.wait({work}, timeout=POLL_S)
                 counts = runner.counts
                 self.store.set_counts(batch_id, total, before.num_completed + counts.num_completed,
-                                      before.num_failed + counts.num_failed)
+                                      before.num_failed + counts.num_failed,
+                                      before.num_prompt_tokens + counts.num_prompt_tokens,
+                                      before.num_completion_tokens + counts.num_completion_tokens)
                 if not work.done() and self.store.status(batch_id) == "cancelling":
                     work.cancel()  # aborts what is in flight; what finished stays in the record
                     with contextlib.suppress(asyncio.CancelledError):

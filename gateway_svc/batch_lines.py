@@ -7,7 +7,8 @@ Output: {"id", "custom_id", "response", "error"}. A request the endpoint answers
 send it (the same parsing, checks and formatter: completions.completion_job,
 chat.chat_completion_job); one it refuses gets the endpoint's error as that body and the same
 error in `error`. A line that is not a request at all (not JSON, no valid custom_id, a custom_id
-seen before, an unknown url) has no response and its `error` names the line, as OpenAI's
+seen before, an unknown url or, in a Batch API batch, a url other than the batch's endpoint)
+has no response and its `error` names the line, as OpenAI's
 batch errors do ({"code", "message", "line"}); that line number is also what a resumed job
 matches it by.
 """
@@ -60,11 +61,16 @@ def custom_id_of(raw: bytes, line_no: int) -> tuple[dict, str]:
     return obj, custom_id
 
 
-def request_of(obj: dict, custom_id: str, line_no: int) -> BatchLine:
-    """The line as a request; LineError for a method, url or body this batch cannot run."""
+def request_of(obj: dict, custom_id: str, line_no: int, endpoint: str | None = None) -> BatchLine:
+    """The line as a request; LineError for a method, url or body this batch cannot run.
+    endpoint: the batch's (the Batch API's), which every line's url must equal, as OpenAI
+    requires; None (run-batch) takes each line's url."""
     url = obj.get("url")
     if url not in ENDPOINTS:
         raise LineError("invalid_url", f"line {line_no}: url {url!r} is not one of {sorted(ENDPOINTS)}", custom_id)
+    if endpoint is not None and url != endpoint:
+        raise LineError("url_mismatch", f"line {line_no}: url {url!r} is not the batch's endpoint {endpoint!r}",
+                        custom_id)
     if obj.get("method", "POST") != "POST":
         raise LineError("invalid_method", f"line {line_no}: method must be POST", custom_id)
     body = obj.get("body")

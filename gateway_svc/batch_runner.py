@@ -56,14 +56,17 @@ class _LineInFlight:
 
 class BatchRunner:
     def __init__(self, upstream: Upstream, write: Callable[[dict], None], *, window: int = DEFAULT_BATCH_WINDOW,
-                 min_priority: int = BATCH_PRIORITY, on_line: Callable[[BatchCounts, bool], None] = lambda counts, ok: None):
-        """write: takes each output line (a dict), in the order they finish. on_line: called
-        after each, with the counts so far and whether it was answered (progress, metrics)."""
+                 min_priority: int = BATCH_PRIORITY, endpoint: str | None = None,
+                 on_line: Callable[[BatchCounts, bool], None] = lambda counts, ok: None):
+        """write: takes each output line (a dict), in the order they finish. endpoint: the url
+        every line must have (batch_lines.request_of). on_line: called after each, with the
+        counts so far and whether it was answered (progress, metrics)."""
         self.upstream = upstream
         self.counts = BatchCounts()
         self._write = write
         self._window = window
         self._min_priority = min_priority
+        self._endpoint = endpoint
         self._on_line = on_line
         self._ids = BatchIds()
         self._items: dict[int, tuple[_LineInFlight, int]] = {}  # the SDK's item index -> its line, prompt
@@ -115,7 +118,7 @@ class BatchRunner:
                                                        "by an earlier line", custom_id)
             if self._ids.is_done(custom_id, line_no):
                 return self._skip()
-            batch_line = request_of(obj, custom_id, line_no)
+            batch_line = request_of(obj, custom_id, line_no, self._endpoint)
         except LineError as e:
             if self._ids.is_done(None, line_no):
                 return self._skip()

@@ -2,11 +2,12 @@
 so several gateway processes may share it) of files and batches, the files' bytes on disk,
 and each batch's work folder (its output record and its lock).
 
-Objects come out in OpenAI's shapes (a file, a batch with request_counts, lists). A batch's
+Objects come out in OpenAI's shapes (a file, a batch with request_counts and usage, lists). A batch's
 work is owned by whichever gateway holds the flock of its folder's lock file (batch_jobs), so
 gateways sharing one --batch-dir on a local filesystem never run a batch twice, and a killed
 gateway's batches are free again at once (the kernel drops its locks).
 """
+import contextlib
 import json
 import os
 import sqlite3
@@ -25,9 +26,12 @@ CREATE TABLE IF NOT EXISTS batches (
     output_file_id TEXT, error_file_id TEXT, errors TEXT, metadata TEXT,
     created_at INTEGER, in_progress_at INTEGER, expires_at INTEGER, finalizing_at INTEGER,
     completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
-    total INTEGER DEFAULT 0, completed INTEGER DEFAULT 0, failed INTEGER DEFAULT 0);
+    total INTEGER DEFAULT 0, completed INTEGER DEFAULT 0, failed INTEGER DEFAULT 0,
+    input_tokens INTEGER DEFAULT 0, output_tokens INTEGER DEFAULT 0);
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
 """
+# Columns added since the first schema, for a --batch-dir made before them.
+_ADDED_COLUMNS = {"input_tokens": "INTEGER DEFAULT 0", "output_tokens": "INTEGER DEFAULT 0"}
 _FILE_FIELDS = ("id", "bytes", "created_at", "filename", "purpose")
 _TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
           "cancelling_at", "cancelled_at")
@@ -53,6 +57,11 @@ class BatchStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(batches)")}
+        for name, kind in _ADDED_COLUMNS.items():
+            if name not in columns:
+                with contextlib.suppress(sqlite3.OperationalError):  # another gateway added it meanwhile
+                    self._db.execute(f"ALTER TABLE batches ADD COLUMN {name} {kind}")
 
     # ---- files -----------------------------------------------------------------------
 
@@ -139,9 +148,11 @@ class BatchStore:
             args += list(only_from)
         return self._db.execute(query, args).rowcount == 1
 
-    def set_counts(self, batch_id: str, total: int, completed: int, failed: int) -> None:
-        self._db.execute("UPDATE batches SET total = ?, completed = ?, failed = ? WHERE id = ?",
-                         (total, completed, failed, batch_id))
+    def set_counts(self, batch_id: str, total: int, completed: int, failed: int,
+                   input_tokens: int = 0, output_tokens: int = 0) -> None:
+        self._db.execute("UPDATE batches SET total = ?, completed = ?, failed = ?, input_tokens = ?, "
+                         "output_tokens = ? WHERE id = ?",
+                         (total, completed, failed, input_tokens, output_tokens, batch_id))
 
     def num_batches_by_status(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT status, COUNT(*) FROM batches GROUP BY status").fetchall())
@@ -162,4 +173,7 @@ def _batch_object(row: sqlite3.Row) -> dict:
             "status": row["status"], "output_file_id": row["output_file_id"], "error_file_id": row["error_file_id"],
             **{name: row[name] for name in _TIMES},
             "request_counts": {"total": row["total"], "completed": row["completed"], "failed": row["failed"]},
+            "usage": {"input_tokens": row["input_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": row["output_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": row["input_tokens"] + row["output_tokens"]},
             "metadata": json.loads(row["metadata"]) if row["metadata"] else None}

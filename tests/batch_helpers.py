@@ -11,10 +11,15 @@ BAD_CODES = {"not_json": "invalid_json", "invalid_url": "invalid_url", "duplicat
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 
 
-def batch_lines(num_lines: int, max_tokens: int = 4, bad_every: int = 100, seed: int = 0) -> tuple[list[str], dict]:
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+def batch_lines(num_lines: int, max_tokens: int = 4, bad_every: int = 100, seed: int = 0,
+                urls: tuple[str, ...] = (COMPLETIONS, CHAT)) -> tuple[list[str], dict]:
     """The lines of a batch input, and {line number: bad kind} of its bad lines (one in
-    bad_every). Good lines alternate /v1/completions (text prompts) and /v1/chat/completions,
-    greedy, exactly max_tokens tokens, with return_token_ids."""
+    bad_every). Good lines take their url from `urls` in turn (by default alternating
+    /v1/completions with text prompts and /v1/chat/completions), greedy, exactly max_tokens
+    tokens, with return_token_ids."""
     rng = random.Random(seed)
     lines, bad = [], {}
     for i in range(num_lines):
@@ -25,10 +30,11 @@ def batch_lines(num_lines: int, max_tokens: int = 4, bad_every: int = 100, seed:
             continue
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8)))
         common = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-        if i % 2:
-            url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], **common}
+        url = urls[i % len(urls)]
+        if url == CHAT:
+            body = {"messages": [{"role": "user", "content": text}], **common}
         else:
-            url, body = "/v1/completions", {"prompt": text, **common}
+            body = {"prompt": text, **common}
         lines.append(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body}))
     return lines, bad
 

@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from client_sdk.launcher import LocalCluster
-from tests.batch_helpers import batch_lines, result_tokens, write_lines
+from tests.batch_helpers import CHAT, COMPLETIONS, batch_lines, result_tokens, write_lines
 from tests.e2e_helpers import TEST_WORKER_ARGS
 from tests.gateway_helpers import curl, metric_samples
 from tests.hf_model_folders import make_llama_folder, write_chat_template
@@ -59,16 +59,27 @@ def test_openai_client_batch_flow_end_to_end(cluster, tmp_path):
     assert batch.status == "validating" and batch.metadata == {"job": "test"}
     batch = wait_for(client, batch.id, ("completed", "failed"))
     assert batch.status == "completed", batch.errors
+    # The file mixes both urls: a line for /v1/completions is refused (OpenAI requires every
+    # line's url to be the batch's endpoint), as an error line naming both, and the job goes on.
+    # (A bad line with invalid parameters is such a line too: its url is checked first.)
+    mismatched = {n for n, line in enumerate(lines, 1)
+                  if bad.get(n) in (None, "invalid_params") and json.loads(line)["url"] == COMPLETIONS}
+    num_failed = len(bad.keys() | mismatched)
     assert batch.request_counts.total == len(lines)
-    assert (batch.request_counts.completed, batch.request_counts.failed) == (len(lines) - len(bad), len(bad))
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (len(lines) - num_failed, num_failed)
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
     results, errors = outputs_of(client, batch.output_file_id), outputs_of(client, batch.error_file_id)
-    assert len(results) == len(lines) - len(bad) and len(errors) == len(bad)
+    assert len(results) == len(lines) - num_failed and len(errors) == num_failed
     assert all(o["response"]["status_code"] == 200 and len(result_tokens(o)) == 4 for o in results)
     assert all(o["error"]["code"] and o["error"]["message"] for o in errors)
-    # The same file through run-batch's engine on the same scheduler: the same answers.
+    assert {o["error"]["line"] for o in errors if o["error"]["code"] == "url_mismatch"} == mismatched
+    assert all(COMPLETIONS in o["error"]["message"] and CHAT in o["error"]["message"]
+               for o in errors if o["error"]["code"] == "url_mismatch")
     assert sorted(o["custom_id"] for o in results) == sorted(
-        json.loads(line)["custom_id"] for n, line in enumerate(lines, 1) if n not in bad)
+        json.loads(line)["custom_id"] for n, line in enumerate(lines, 1) if n not in bad.keys() | mismatched)
+    assert batch.usage.output_tokens == 4 * len(results)
+    assert batch.usage.input_tokens == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in results) > 0
+    assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens
 
     assert batch.id in [b.id for b in client.batches.list()]
     assert {uploaded.id, batch.output_file_id} <= {f.id for f in client.files.list()}
@@ -76,7 +87,7 @@ def test_openai_client_batch_flow_end_to_end(cluster, tmp_path):
     status, metrics = curl(f"{url}/metrics")
     samples = metric_samples(metrics)
     assert samples[("stepserve:batch_jobs", (("status", "completed"),))] == 1
-    assert samples[("stepserve:batch_requests_total", (("status", "completed"),))] == len(lines) - len(bad)
+    assert samples[("stepserve:batch_requests_total", (("status", "completed"),))] == len(lines) - num_failed
     assert client.files.delete(uploaded.id).deleted
     with pytest.raises(Exception) as gone:
         client.files.retrieve(uploaded.id)
@@ -86,7 +97,7 @@ def test_openai_client_batch_flow_end_to_end(cluster, tmp_path):
 def test_cancel_aborts_what_is_in_flight_and_keeps_what_finished(cluster, tmp_path):
     url = cluster.start_gateway(["--batch-dir", str(tmp_path / "batches"), "--batch-window", "4"])
     client = openai_client(url)
-    lines, _ = batch_lines(400, max_tokens=64, bad_every=1000, seed=4)
+    lines, _ = batch_lines(400, max_tokens=64, bad_every=1000, seed=4, urls=(COMPLETIONS,))
     with open(write_lines(str(tmp_path / "in.jsonl"), lines), "rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
@@ -106,7 +117,7 @@ def test_a_gateway_killed_mid_batch_and_restarted_finishes_it_with_each_custom_i
     batch_dir = str(tmp_path / "batches")
     url = cluster.start_gateway(["--batch-dir", batch_dir, "--batch-window", "8"])
     client = openai_client(url)
-    lines, bad = batch_lines(300, bad_every=100, seed=5)
+    lines, bad = batch_lines(300, bad_every=100, seed=5, urls=(COMPLETIONS,))
     with open(write_lines(str(tmp_path / "in.jsonl"), lines), "rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
@@ -123,3 +134,7 @@ def test_a_gateway_killed_mid_batch_and_restarted_finishes_it_with_each_custom_i
     keys = Counter(o["custom_id"] if not (o["error"] or {}).get("line") else o["error"]["line"] for o in outputs)
     assert len(outputs) == len(lines) and max(keys.values()) == 1
     assert (batch.request_counts.completed, batch.request_counts.failed) == (len(lines) - len(bad), len(bad))
+    # Tokens of the lines done before the kill are counted once, from the record.
+    answered = outputs_of(client, batch.output_file_id)
+    assert batch.usage.output_tokens == 4 * len(answered)
+    assert batch.usage.input_tokens == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in answered)
