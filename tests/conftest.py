@@ -42,3 +42,21 @@ async def client(cluster):
     async with AsyncClient(cluster.address, timeout_s=60) as c:
         await c.wait_for_workers(cluster.num_worker_processes)
         yield c
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Two Ray nodes simulated on this machine (Ray's own test utility), 2 CPUs each, shared by
+    every Ray test: Ray takes ~30 s to start on 2 cores. Every Ray process ends with the session."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: the Ray tests need the ray extra "
+                                            "(pip install -e '.[ray]'; .ci/run installs it with the test extra)")
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=2)
+        ray.init(address=cluster.address)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -1,5 +1,5 @@
 """What the package says about itself: its version, what each extra installs, and that the SDK
-runs without torch."""
+runs without torch (and without Ray)."""
 import re
 import subprocess
 import sys
@@ -18,6 +18,13 @@ def test_stepserve_version_is_the_installed_distributions():
 
 def test_the_sdk_imports_no_torch():
     code = "import sys, client_sdk; assert 'torch' not in sys.modules, 'client_sdk imported torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_sdk_and_the_cli_import_no_ray():
+    # Ray is an extra: only client_sdk.ray_data and `--ray` import it, when used.
+    code = ("import sys, client_sdk, client_sdk.cli, client_sdk.launcher; "
+            "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
