@@ -7,9 +7,9 @@ runner orders a step's sequences decodes first, so the token axis of a forward i
 
 and one AttentionMetadata per step, built in numpy and shared by every attention layer, says
 where each part lies:
-- decodes run the C++ kernel (decode_kernel.py), whose cost follows each sequence's own context
-  length (no gather, no padding, no mask); plain torch where it is unavailable (gather the
-  blocks, mask past each context, SDPA);
+- decodes run a paged kernel whose cost follows each sequence's own context length (no gather,
+  no padding, no mask): C++ on CPU (decode_kernel.py), Triton on CUDA (triton_decode.py); plain
+  torch where neither is available (gather the blocks, mask past each context, SDPA);
 - prefills run scaled_dot_product_attention over a padded [B, Q] layout: causal over this step's
   own K/V when every prefill starts at token 0, otherwise over K/V read from the cache under a
   mask that is causal in absolute positions (a later chunk sees the earlier chunks' KV);
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker_svc import decode_kernel
+from worker_svc import decode_kernel, triton_decode
 from worker_svc.forward_context import get_forward_context
 from worker_svc.kv_cache import num_blocks_for_tokens
 
@@ -155,11 +155,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
 
 def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: int | None,
             softcap: float | None) -> None:
-    kernel = decode_kernel.load() if q.device.type == "cpu" else None
+    kernel = _decode_kernel(q.device)
     if kernel is not None:
         q = q if q.stride(-1) == 1 else q.contiguous()
-        kernel.paged_decode_attention(out, q, kv_cache[0], kv_cache[1], meta.decode_block_tables,
-                                      meta.decode_context_lens, scale, sliding_window or 0, softcap or 0.0)
+        kernel(out, q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
+               scale, sliding_window or 0, softcap or 0.0)
         return
     keys, values = _gather_kv(kv_cache, meta.decode_block_tables)  # [B, Hkv, K, D]
     key_pos = torch.arange(keys.shape[2], device=q.device)
@@ -168,6 +168,14 @@ def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float, sliding_win
     if sliding_window is not None:
         mask &= key_pos[None, :] >= context_lens - sliding_window
     out.copy_(_attend(q[:, :, None, :], keys, values, mask[:, None, None, :], scale, softcap)[:, :, 0, :])
+
+
+def _decode_kernel(device: torch.device):
+    """The paged decode kernel for this device (C++ on CPU, Triton on CUDA), or None."""
+    if device.type == "cpu":
+        kernel = decode_kernel.load()
+        return None if kernel is None else kernel.paged_decode_attention
+    return triton_decode.load() if device.type == "cuda" else None
 
 
 def _prefill(q, k, v, kv_cache, meta: PrefillMetadata, scale: float, sliding_window: int | None,
