@@ -22,6 +22,11 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="priority: lower priority values first; batch jobs yield to interactive requests")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run the model op by op instead of the compiled step (faster start-up)")
+    p.add_argument("--max-cudagraph-capture-size", type=int, default=None,
+                   help="CUDA: graphs of the compiled step for decode batches up to this size (default 512; 0: none)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="CUDA: the fraction of the device's memory each worker may fill (default 0.9); "
+                        "two replicas on one GPU take 0.45 each")
     p.add_argument("--generation-config", default=None, metavar="auto|vllm|FOLDER",
                    help="sampling defaults for requests that leave them unset: auto (default), the model "
                         "folder's generation_config.json; vllm, none; or another folder's")
@@ -43,7 +48,7 @@ _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "s
                       "enable_prefix_caching", "async_scheduling")
 _WORKER_OPTIONS = ("dtype", "load_format", "kv_cache_gb", "max_model_len", "gpu_memory_utilization",
                    "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir",
-                   "generation_config")
+                   "generation_config", "max_cudagraph_capture_size")
 
 
 def child_args(**options) -> tuple[list[str], list[str]]:

@@ -14,7 +14,8 @@ Dimensions get a symbol each (no "duck shaping"): otherwise a batch of 256 rows 
 256-wide hidden state would share one symbol with the weight's in-features and be specialised
 to 256, which also sends float32 matmuls back to MKL.
 
-Greedy rows without logprobs take the LM head fused with the argmax (greedy_head.py).
+Greedy rows without logprobs take the LM head fused with the argmax (greedy_head.py). On CUDA,
+batches of decodes replay CUDA graphs of the compiled forward (cuda_graphs.py).
 
 Models that are not written for compilation (state-space models: their scans loop in Python
 over the step's sequence groups) and tensor-parallel ranks (collectives inside the graph) run
@@ -57,6 +58,8 @@ class ModelExecutor:
         self.model, self.device = model, device
         self._forward, self._logits, self._greedy_tokens = model, model.compute_logits, None
         self.compiled = False
+        # cuda_graphs.DecodeGraphs, set by the runner after warm_up on CUDA; None: never replays
+        self.decode_graphs = None
         if compile_model:
             import torch._dynamo.config as dynamo_config
             import torch._inductor.config as inductor_config
@@ -81,7 +84,16 @@ class ModelExecutor:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T], T = padded_size(real tokens) -> hidden [T, hidden]."""
+        if self.decode_graphs is not None:
+            hidden = self.decode_graphs.replay(input_ids, positions)
+            if hidden is not None:
+                return hidden
         return self._forward(input_ids, positions)
+
+    @property
+    def compiled_forward(self):
+        """The compiled forward alone (what a CUDA graph captures); the eager model if not compiled."""
+        return self._forward
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] -> float32 logits [S, vocab]."""

@@ -25,7 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import compile_cache, decode_kernel, kv_cache, status
+from worker_svc import compile_cache, cuda_graphs, decode_kernel, kv_cache, status
 from worker_svc.attention import build_attention_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
@@ -100,6 +100,10 @@ class ModelRunner:
                        f"reuse {compile_cache.root()} (--enforce-eager skips compiling)")
         with torch.inference_mode():
             self.warm_up_s = self.executor.warm_up(self._padding_forward)
+            if self.executor.compiled and self.rotary is None:  # rope lengths: a per-step tensor
+                self.executor.decode_graphs = cuda_graphs.capture_decode_graphs(
+                    self.executor.compiled_forward, self.caches, self.device, config.max_cudagraph_capture_size,
+                    self.max_model_len, self.block_size, self.scratch_slot)
 
     def _tokenizer(self):
         """The model's tokenizer as text -> ids (no special tokens), or None if it has none."""

@@ -26,14 +26,17 @@ class RunnerConfig:
     dist_init_address: str = ""
     # Run the model eagerly, op by op, instead of the compiled graph (model_executor.py).
     enforce_eager: bool = False
+    # CUDA: graphs of the compiled step for decode batches up to this size (cuda_graphs.py;
+    # vLLM's max_cudagraph_capture_size); 0: none. --enforce-eager turns them off too.
+    max_cudagraph_capture_size: int = 512
     compile_cache_dir: str | None = None  # None: ~/.cache/stepserve (compile_cache.py)
     # Sampling defaults for requests that leave a field unset: "auto", the model folder's
     # generation_config.json; "vllm", none (SamplingParams' own); or a folder holding one.
     generation_config: str = "auto"
 
     def __post_init__(self):
-        if self.block_size <= 0 or self.num_state_slots < 0:
-            raise ValueError("block_size must be > 0 and num_state_slots >= 0")
+        if self.block_size <= 0 or self.num_state_slots < 0 or self.max_cudagraph_capture_size < 0:
+            raise ValueError("block_size must be > 0, num_state_slots and max_cudagraph_capture_size >= 0")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.kv_cache_gb < 0 or self.swap_space_gb < 0:
