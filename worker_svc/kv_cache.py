@@ -25,13 +25,22 @@ def num_blocks_for_bytes(num_bytes: float, spec: CacheSpec, block_size: int,
 def num_device_blocks(spec: CacheSpec, block_size: int, dtype: torch.dtype, device: torch.device,
                       kv_cache_gb: float, gpu_memory_utilization: float,
                       reserved_bytes: int = 0) -> int:
-    """CPU: kv_cache_gb. CUDA: what is left of utilization * total after what is already used
-    (weights, other processes) and `reserved_bytes` (activations, measured by the caller)."""
+    """CPU: kv_cache_gb. CUDA: cuda_kv_budget of the device's memory now."""
     if device.type != "cuda":
         return num_blocks_for_bytes(kv_cache_gb * _GiB, spec, block_size, dtype)
     free, total = torch.cuda.mem_get_info(device)
-    budget = gpu_memory_utilization * total - (total - free) - reserved_bytes
+    budget = cuda_kv_budget(free, total, torch.cuda.memory_reserved(device), gpu_memory_utilization,
+                            reserved_bytes)
     return num_blocks_for_bytes(budget, spec, block_size, dtype)
+
+
+def cuda_kv_budget(free: int, total: int, own_bytes: int, gpu_memory_utilization: float,
+                   reserved_bytes: int = 0) -> int:
+    """Bytes of KV cache: what is left of this worker's share, utilization * total, after what
+    its own torch holds (weights) and `reserved_bytes` (activations), never more than is free.
+    vLLM's meaning: a share per worker, whatever other processes hold, so that two replicas on
+    one GPU take 0.45 each (the CUDA context, ~0.5 GB, is outside every share)."""
+    return int(min(gpu_memory_utilization * total - own_bytes, free) - reserved_bytes)
 
 
 def allocate_kv(spec: CacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype,
