@@ -1,6 +1,11 @@
 """Micro-benchmark of one ModelRunner decode step, eager and compiled side by side.
 
     python -m benchmarks.runner_step --model tiny-llama --batch 256 --prompt-len 24 --json
+    python -m benchmarks.runner_step --model opt-125m --device cuda --modes eager,compiled,graphs
+
+Modes: eager (--enforce-eager), compiled (without CUDA graphs), graphs (compiled, and on CUDA
+the decode step replays a CUDA graph: the report says how many steps did). On CUDA each timed
+part ends with a synchronisation, so the parts add up to device time, not launch time.
 
 `batch` requests with `prompt-len`-token prompts are prefilled (not timed); then the modes take
 turns, one decode step of all the requests each, for `steps` rounds (A B A B, so a noisy host
@@ -25,14 +30,17 @@ PARTS = ("prepare", "forward", "sampling")
 
 
 class _Timed:
-    """Wraps a bound method and sums its wall time into totals[part]."""
+    """Wraps a bound method and sums its wall time into totals[part] (on CUDA, until the
+    device has done what it queued)."""
 
-    def __init__(self, fn, totals: dict, part: str):
+    def __init__(self, fn, totals: dict, part: str, device: torch.device):
         self.fn, self.totals, self.part = fn, totals, part
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
     def __call__(self, *args, **kwargs):
         start = time.perf_counter()
         out = self.fn(*args, **kwargs)
+        self.sync()
         self.totals[self.part] += time.perf_counter() - start
         return out
 
@@ -40,18 +48,20 @@ class _Timed:
 class _Mode:
     """One runner and its requests, prefilled, with its parts timed."""
 
-    def __init__(self, args, enforce_eager: bool):
+    def __init__(self, args, mode: str):
         block_size = 16
         blocks_per_request = -(-(args.prompt_len + args.steps + 1) // block_size)
         self.runner = ModelRunner(RunnerConfig(
             model=args.model, dtype=args.dtype, block_size=block_size,
-            num_gpu_blocks=args.batch * blocks_per_request, enforce_eager=enforce_eager,
+            num_gpu_blocks=args.batch * blocks_per_request, enforce_eager=mode == "eager",
+            max_cudagraph_capture_size=args.batch if mode == "graphs" else 0, device=args.device,
             compile_cache_dir=args.compile_cache_dir))
         self.totals = dict.fromkeys(PARTS, 0.0)
         runner = self.runner
-        runner._prepare = _Timed(runner._prepare, self.totals, "prepare")
-        runner.executor.forward = _Timed(runner.executor.forward, self.totals, "forward")
-        runner._sample = _Timed(runner._sample, self.totals, "sampling")
+        device = runner.device
+        runner._prepare = _Timed(runner._prepare, self.totals, "prepare", device)
+        runner.executor.forward = _Timed(runner.executor.forward, self.totals, "forward", device)
+        runner._sample = _Timed(runner._sample, self.totals, "sampling", device)
         self.ids = [f"r{i}" for i in range(args.batch)]
         rng = np.random.default_rng(0)
         params = SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True)
@@ -82,13 +92,15 @@ class _Mode:
         med = {k: round(statistics.median(v[skip:]), 3) for k, v in self.samples.items()}
         med["decode_tokens_per_s"] = round(len(self.ids) / (med["step"] / 1e3), 1)
         med["warm_up_s"] = round(self.runner.warm_up_s, 1)
+        graphs = self.runner.executor.decode_graphs
+        med["graph_replays"] = graphs.num_replays if graphs is not None else 0
         return med
 
 
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
-    modes = {name: _Mode(args, enforce_eager=name == "eager") for name in args.modes.split(",")}
+    modes = {name: _Mode(args, name) for name in args.modes.split(",")}
     for step in range(1, args.steps + 1):
         for mode in modes.values():
             mode.step(step)
@@ -110,7 +122,8 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
+    parser.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled, graphs")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch default")
     parser.add_argument("--compile-cache-dir", default=None)
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
@@ -121,7 +134,7 @@ def main():
         r = report[name]
         print(f"{name:>8}: step {r['step']} ms = prepare {r['prepare']} + forward {r['forward']} "
               f"+ sampling {r['sampling']} + other {r['other']}  ({r['decode_tokens_per_s']} tokens/s, "
-              f"warm-up {r['warm_up_s']} s)")
+              f"warm-up {r['warm_up_s']} s, {r['graph_replays']} graph replays)")
     if args.json:
         print(json.dumps(report))
 
