@@ -7,8 +7,9 @@ short keeps what it finished), with "check" naming the part:
 - device: the GPU (or CPU), torch, triton;
 - exactness: greedy tokens of Llama, OPT, Qwen2 and Jamba folders made with transformers, through
   a real scheduler and worker, equal to transformers' generate on the same device, per dtype and
-  mode (eager, compiled without CUDA graphs, graphs: the default); float32 is judged ("equal"),
-  bfloat16 reported; Jamba runs eagerly whatever the mode, so only its eager mode runs;
+  mode (eager, compiled without CUDA graphs, graphs: the default); float32 is judged ("equal")
+  in every mode, bfloat16 reported in --bf16-modes (graphs: the serving path); Jamba runs
+  eagerly whatever the mode, so only its eager mode runs;
 - throughput: `stepserve bench throughput` (the CLI, on a cluster of --bench-model) at each
   --num-prompts, 16 in / 16 out, bfloat16, async scheduling on and off; then throughput_ratio
   (the largest over the smallest count, per setting), async_ratio (on over off, per count) and
@@ -16,11 +17,13 @@ short keeps what it finished), with "check" naming the part:
 - runner_step: benchmarks/runner_step.py, the per-step time split, per mode;
 - replicas: two workers on the one device as two data-parallel replicas, each with half the
   memory (--gpu-memory-utilization), against the one-replica run of the same size.
---deadline-s bounds the whole: a part that would start past it says "skipped" instead. The
+--deadline-s bounds the whole: a part or a bench run that would start past it says "skipped"
+instead, and every child has a timeout. The
 smoke test (tests/e2e/test_gpu_check.py) runs it on CPU at tiny sizes.
 """
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -74,6 +77,15 @@ def device_line(args) -> dict:
     return fields
 
 
+@contextlib.contextmanager
+def started(cluster: LocalCluster, args):
+    """The cluster started within --child-timeout-s, stopped on leaving (a failed start too)."""
+    try:
+        yield cluster.start(timeout_s=args.child_timeout_s)
+    finally:
+        cluster.stop()
+
+
 def worker_log(cluster: LocalCluster) -> str:
     log = cluster.worker_procs[0].stderr_file
     log.seek(0)
@@ -119,7 +131,7 @@ def hf_greedy(folder: str, prompts, dtype: torch.dtype, device: str) -> list[lis
 def our_greedy(folder: str, prompts, dtype: str, mode: str, args) -> tuple[list[list[int]], int | None]:
     """Our greedy tokens through a scheduler and a worker; and the CUDA graphs it captured."""
     worker_args = ["--device", args.device, "--dtype", dtype, *MODES[mode], *args.small_memory]
-    with LocalCluster(folder, worker_args=worker_args) as cluster:
+    with started(LocalCluster(folder, worker_args=worker_args), args) as cluster:
         client = Client(cluster.address)
         try:
             params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
@@ -137,9 +149,11 @@ def check_exactness(report: Report, args) -> None:
         with open(os.path.join(folder, "config.json")) as f:
             prompts = prompts_for(json.load(f)["vocab_size"])
         for dtype in args.dtypes:
-            expected = hf_greedy(folder, prompts, getattr(torch, dtype), args.device)
-            for mode in ("eager",) if family == "jamba" else args.modes:
-                runs.append((family, dtype, mode, prompts, expected))
+            modes = args.modes if dtype == "float32" else [m for m in args.modes if m in args.bf16_modes]
+            modes = ["eager"] if family == "jamba" else modes
+            if modes:
+                expected = hf_greedy(folder, prompts, getattr(torch, dtype), args.device)
+                runs += [(family, dtype, mode, prompts, expected) for mode in modes]
 
     def run(family, dtype, mode, prompts, expected):
         start = time.monotonic()
@@ -162,7 +176,7 @@ def check_exactness(report: Report, args) -> None:
 # ---- throughput, busy fraction, replicas ----------------------------------------------------
 
 def bench_cluster(args, async_scheduling: bool | None, data_parallel_size: int = 1) -> LocalCluster:
-    """A cluster of --bench-model in bfloat16 (not started: `with` starts it)."""
+    """A cluster of --bench-model in bfloat16, not started yet."""
     worker_args = ["--dtype", "bfloat16"]
     if args.device != "cpu":
         worker_args += ["--device", args.device,
@@ -177,13 +191,13 @@ def bench_cluster(args, async_scheduling: bool | None, data_parallel_size: int =
                         scheduler_args=scheduler_args)
 
 
-def bench_throughput(address: str, num_prompts: int) -> dict:
+def bench_throughput(address: str, num_prompts: int, timeout_s: float) -> dict:
     """`stepserve bench throughput` against a running cluster; its JSON line. The seed differs
     per count: the same seed would repeat the smaller run's prompts, found in the prefix cache."""
     command = [sys.executable, "-c", "import sys; from client_sdk.cli import main; sys.exit(main())",
                "bench", "throughput", "--address", address, "--num-prompts", str(num_prompts),
                "--input-len", "16", "--output-len", "16", "--seed", str(num_prompts), "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=timeout_s)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result.pop("config", None)
     return result
@@ -193,12 +207,18 @@ def check_throughput(report: Report, args) -> dict:
     """The throughput lines; returns {(async, num_prompts): requests/s} for the ratios."""
     rates = {}
     for async_scheduling in (True, False):
-        with bench_cluster(args, async_scheduling) as cluster:
+        with started(bench_cluster(args, async_scheduling), args) as cluster:
             for num_prompts in args.num_prompts:
-                result = bench_throughput(cluster.address, num_prompts)
+                if args.out_of_time():
+                    report("throughput", async_scheduling=async_scheduling, num_prompts=num_prompts,
+                           skipped=f"past --deadline-s {args.deadline_s}")
+                    continue
+                result = bench_throughput(cluster.address, num_prompts, args.child_timeout_s)
                 rates[async_scheduling, num_prompts] = result
                 report("throughput", async_scheduling=async_scheduling, **result)
     low, high = min(args.num_prompts), max(args.num_prompts)
+    if len(rates) < 2 * len(args.num_prompts):
+        return rates  # no ratios of runs that did not happen
     for async_scheduling in (True, False):
         report("throughput_ratio", async_scheduling=async_scheduling, num_prompts=(high, low),
                ratio=round(rates[async_scheduling, high]["requests_per_second"]
@@ -217,8 +237,8 @@ def check_throughput(report: Report, args) -> dict:
 def check_replicas(report: Report, args, rates: dict) -> None:
     num_prompts = min(args.num_prompts)
     one = rates.get((True, num_prompts))
-    with bench_cluster(args, True, data_parallel_size=2) as cluster:
-        two = bench_throughput(cluster.address, num_prompts)
+    with started(bench_cluster(args, True, data_parallel_size=2), args) as cluster:
+        two = bench_throughput(cluster.address, num_prompts, args.child_timeout_s)
     report("replicas", replicas=2, num_prompts=num_prompts, requests_per_second=two["requests_per_second"],
            one_replica_requests_per_second=one and one["requests_per_second"],
            ratio=one and round(two["requests_per_second"] / one["requests_per_second"], 3))
@@ -228,7 +248,7 @@ def check_runner_step(report: Report, args) -> None:
     command = [sys.executable, "-m", "benchmarks.runner_step", "--model", args.bench_model, "--device", args.device,
                "--dtype", "bfloat16", "--batch", str(args.step_batch), "--prompt-len", "16",
                "--steps", str(args.step_count), "--modes", ",".join(args.modes), "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=args.child_timeout_s)
     report("runner_step", **json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -244,7 +264,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--families", type=csv(), default=list(FAMILIES))
     p.add_argument("--dtypes", type=csv(), default=["float32", "bfloat16"])
     p.add_argument("--modes", type=csv(), default=list(MODES))
-    p.add_argument("--parallel", type=int, default=4, help="exactness clusters at once")
+    p.add_argument("--bf16-modes", type=csv(), default=["graphs"], help="the modes bfloat16 is reported in")
+    p.add_argument("--parallel", type=int, default=6, help="exactness clusters at once")
     p.add_argument("--bench-model", default="opt-125m")
     p.add_argument("--bench-eager", action="store_true", help="the benchmark clusters run --enforce-eager")
     p.add_argument("--num-prompts", type=csv(int), default=[10_000, 100_000])
@@ -252,8 +273,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="a benchmark cluster's, split by replicas")
     p.add_argument("--step-batch", type=int, default=256, help="runner_step's batch")
     p.add_argument("--step-count", type=int, default=24, help="runner_step's timed steps")
-    p.add_argument("--deadline-s", type=float, default=450.0, help="no part starts after this")
+    p.add_argument("--deadline-s", type=float, default=420.0, help="no part or bench run starts after this")
+    p.add_argument("--child-timeout-s", type=float, default=300.0, help="of each cluster start and child command")
     args = p.parse_args(argv)
+    start = time.monotonic()
+    args.out_of_time = lambda: time.monotonic() - start > args.deadline_s
     # The exactness clusters run side by side: each takes a small share of the device.
     args.small_memory = [] if args.device == "cpu" else ["--gpu-memory-utilization", "0.04"]
     return args
@@ -265,7 +289,7 @@ def main(argv=None) -> int:
     report("device", **device_line(args))
     rates, failed = {}, False
     for part in args.parts:
-        if time.monotonic() - report.start > args.deadline_s:
+        if args.out_of_time():
             report(part, skipped=f"past --deadline-s {args.deadline_s}")
             continue
         try:
@@ -279,7 +303,7 @@ def main(argv=None) -> int:
                 check_replicas(report, args, rates)
             else:
                 raise ValueError(f"no part {part!r}")
-        except (ProcessExited, subprocess.CalledProcessError, RuntimeError, ValueError) as exc:
+        except (ProcessExited, subprocess.SubprocessError, RuntimeError, ValueError, TimeoutError) as exc:
             failed = True
             detail = getattr(exc, "stderr", None) or getattr(exc, "log", "")
             report(part, error=f"{type(exc).__name__}: {exc}", log_tail=(detail or "")[-3000:])
