@@ -30,10 +30,10 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
         print(f"stepserve {'serve' if url else 'up'}: {cluster.model} on {cluster.data_parallel_size} replica(s) of "
               f"{cluster.tensor_parallel_size} worker(s); {where}", flush=True)
         while not stop.wait(0.5):
-            for proc in (cluster.scheduler, *cluster.gateways):
-                if proc.poll() is not None:
-                    print(f"{proc.args[2]} exited", file=sys.stderr)
-                    return 1
+            exited = cluster.service_exited()
+            if exited:
+                print(f"{exited} exited", file=sys.stderr)
+                return 1
     finally:
         cluster.stop()
     return 0
@@ -41,9 +41,17 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     scheduler, worker = cluster_args(args)
-    return LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
-                        frontend=args.frontend, worker_address=args.worker_address, quiet=False,
-                        tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys, announce=True)
+    cluster = LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
+                           frontend=args.frontend, worker_address=args.worker_address, quiet=False,
+                           tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys, announce=True)
+    if args.ray:
+        try:
+            from client_sdk.ray_cluster import RayCluster  # Ray is an extra: imported when asked for
+        except ModuleNotFoundError as e:
+            raise MissingExtra(f"--ray needs Ray ({e.name}), which this Python lacks: "
+                               "pip install 'stepserve[ray]'", name=e.name) from None
+        return RayCluster(cluster, ray_address=args.ray_address, num_cpus_per_worker=args.ray_num_cpus_per_worker)
+    return cluster
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -136,6 +144,17 @@ def add_worker_address_flag(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--worker-address", default=default, help="the scheduler's address for its workers")
 
 
+def add_ray_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", action="store_true",
+                   help="place the scheduler (and gateway) on the Ray head node and each replica as a Ray actor "
+                        "spread over the nodes; needs the ray extra")
+    p.add_argument("--ray-address", default=None,
+                   help="a running Ray cluster (auto, HOST:PORT, ray://HOST:10001); default: $RAY_ADDRESS, else a "
+                        "local Ray started for this command")
+    p.add_argument("--ray-num-cpus-per-worker", type=float, default=1.0,
+                   help="Ray CPUs each worker process takes (and its torch threads on a CPU)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="stepserve", description="stepserve LLM inference server")
     parser.add_argument("--version", action="version", version=f"stepserve {__version__}")
@@ -145,6 +164,7 @@ def main(argv=None) -> int:
     add_cluster_flags(up)
     up.add_argument("--frontend", default="tcp://127.0.0.1:5555")
     add_worker_address_flag(up, "tcp://127.0.0.1:5556")
+    add_ray_flags(up)
     up.set_defaults(func=cmd_up)
 
     serve = sub.add_parser("serve", help="scheduler, workers and an OpenAI-compatible gateway here; Ctrl-C stops all")
@@ -162,6 +182,7 @@ def main(argv=None) -> int:
                        help="the Batch API's state and files (default: under the user's data directory)")
     serve.add_argument("--frontend", default="tcp://127.0.0.1:*", help="the scheduler's SDK address")
     add_worker_address_flag(serve, "tcp://127.0.0.1:*")
+    add_ray_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
     health = sub.add_parser("health", help="exit 0 when a scheduler answers (container healthchecks)")

@@ -130,6 +130,11 @@ class LocalCluster:
             if proc is not None and proc.poll() is not None:
                 raise ProcessExited(proc)
 
+    def service_exited(self) -> str | None:
+        """The module of the scheduler or a gateway that has exited (workers may come and go)."""
+        return next((proc.args[2] for proc in (self.scheduler, *self.gateways)
+                     if proc is not None and proc.poll() is not None), None)
+
     def start(self, timeout_s: float = 600.0) -> "LocalCluster":
         """The scheduler and every replica, returning when all workers have joined (a first
         start compiles the model's step: minutes on a small CPU)."""
@@ -141,7 +146,7 @@ class LocalCluster:
             if self.data_parallel_size:
                 with Client(self.address, **self.client_keys) as client:
                     self.wait_for_workers(client, self.num_worker_processes, timeout_s)
-                    self._say(_model_line(client.model_info(), time.monotonic() - started))
+                    self._say(model_line(client.model_info(), time.monotonic() - started))
         except BaseException:
             self.stop()  # nothing of a cluster that failed to start outlives the failure
             raise
@@ -232,6 +237,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _model_line(info, seconds: float) -> str:
+def model_line(info, seconds: float) -> str:
+    """What a started cluster says it serves, and how long it took."""
     step = "compiled step" if info.compiled else "eager step"
     return f"{info.model}, {info.dtype} on {info.device}, {step}; ready in {seconds:.0f} s"
