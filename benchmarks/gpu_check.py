@@ -79,11 +79,12 @@ def device_line(args) -> dict:
 
 @contextlib.contextmanager
 def started(cluster: LocalCluster, args):
-    """The cluster started within --child-timeout-s, stopped on leaving (a failed start too)."""
+    """The cluster started within --child-timeout-s, stopped on leaving (a failed start too);
+    killed if not gone in 2 s (its results are in: a graceful drain would only cost time)."""
     try:
         yield cluster.start(timeout_s=args.child_timeout_s)
     finally:
-        cluster.stop()
+        cluster.stop(timeout_s=2.0)
 
 
 def worker_log(cluster: LocalCluster) -> str:
