@@ -17,6 +17,7 @@ short keeps what it finished), with "check" naming the part:
 - runner_step: benchmarks/runner_step.py, the per-step time split, per mode;
 - replicas: two workers on the one device as two data-parallel replicas, each with half the
   memory (--gpu-memory-utilization), against the one-replica run of the same size.
+Exit status 1 if any line has an error or a judged result is not equal.
 --deadline-s bounds the whole: a part or a bench run that would start past it says "skipped"
 instead, and every child has a timeout. The
 smoke test (tests/e2e/test_gpu_check.py) runs it on CPU at tiny sizes.
@@ -52,8 +53,10 @@ class Report:
         os.makedirs(out_dir, exist_ok=True)
         self.path = os.path.join(out_dir, "results.jsonl")
         self.start = time.monotonic()
+        self.failed = False  # an error, or a judged result not equal
 
     def __call__(self, check: str, **fields) -> dict:
+        self.failed |= "error" in fields or (fields.get("judged", False) and not fields.get("equal"))
         line = {"check": check, **fields, "at_s": round(time.monotonic() - self.start, 1)}
         text = json.dumps(line)
         print(text, flush=True)
@@ -129,8 +132,9 @@ def hf_greedy(folder: str, prompts, dtype: torch.dtype, device: str) -> list[lis
     return outputs
 
 
-def our_greedy(folder: str, prompts, dtype: str, mode: str, args) -> tuple[list[list[int]], int | None]:
-    """Our greedy tokens through a scheduler and a worker; and the CUDA graphs it captured."""
+def our_greedy(folder: str, prompts, dtype: str, mode: str, args) -> tuple[list[list[int]], int, list[str]]:
+    """Our greedy tokens through a scheduler and a worker; the CUDA graphs it captured, and the
+    warnings and errors of its log (a capture that failed, triton missing, ...)."""
     worker_args = ["--device", args.device, "--dtype", dtype, *MODES[mode], *args.small_memory]
     with started(LocalCluster(folder, worker_args=worker_args), args) as cluster:
         client = Client(cluster.address)
@@ -139,8 +143,10 @@ def our_greedy(folder: str, prompts, dtype: str, mode: str, args) -> tuple[list[
             outputs = client.generate_batch(prompts, params)
         finally:
             client.close()
-        found = CAPTURED.search(worker_log(cluster))
-    return [o.outputs[0].token_ids for o in outputs], int(found.group(1)) if found else 0
+        log = worker_log(cluster)
+    found = CAPTURED.search(log)
+    notes = [line[-300:] for line in log.splitlines() if " WARNING " in line or " ERROR " in line][-5:]
+    return [o.outputs[0].token_ids for o in outputs], int(found.group(1)) if found else 0, notes
 
 
 def check_exactness(report: Report, args) -> None:
@@ -159,7 +165,7 @@ def check_exactness(report: Report, args) -> None:
     def run(family, dtype, mode, prompts, expected):
         start = time.monotonic()
         try:
-            got, num_graphs = our_greedy(folders[family], prompts, dtype, mode, args)
+            got, num_graphs, notes = our_greedy(folders[family], prompts, dtype, mode, args)
         except Exception as exc:  # noqa: BLE001 - reported as this run's result; the others go on
             return dict(family=family, dtype=dtype, mode=mode, error=f"{type(exc).__name__}: {exc}",
                         log_tail=getattr(exc, "log", "")[-2000:])
@@ -167,7 +173,7 @@ def check_exactness(report: Report, args) -> None:
         return dict(family=family, dtype=dtype, mode=mode, judged=dtype == "float32",
                     equal=not mismatches, num_prompts=len(prompts), mismatched_prompts=mismatches,
                     first_mismatch=(got[mismatches[0]], expected[mismatches[0]]) if mismatches else None,
-                    graphs_captured=num_graphs, seconds=round(time.monotonic() - start, 1))
+                    graphs_captured=num_graphs, worker_notes=notes, seconds=round(time.monotonic() - start, 1))
 
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
         for result in pool.map(lambda r: run(*r), runs):
@@ -288,7 +294,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     report = Report(args.out)
     report("device", **device_line(args))
-    rates, failed = {}, False
+    rates = {}
     for part in args.parts:
         if args.out_of_time():
             report(part, skipped=f"past --deadline-s {args.deadline_s}")
@@ -305,10 +311,9 @@ def main(argv=None) -> int:
             else:
                 raise ValueError(f"no part {part!r}")
         except (ProcessExited, subprocess.SubprocessError, RuntimeError, ValueError, TimeoutError) as exc:
-            failed = True
             detail = getattr(exc, "stderr", None) or getattr(exc, "log", "")
             report(part, error=f"{type(exc).__name__}: {exc}", log_tail=(detail or "")[-3000:])
-    return 1 if failed else 0
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

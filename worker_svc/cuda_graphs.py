@@ -143,8 +143,9 @@ def capture_decode_graphs(forward, caches, device: torch.device, max_size: int, 
                                                               block_size, device), sizes)
     try:
         seconds = graphs.capture()
-    except Exception:
-        log.exception("capturing CUDA graphs failed; decode steps run the compiled step without them")
+    except Exception as exc:  # noqa: BLE001 - serve without graphs rather than not at all
+        log.error("capturing CUDA graphs failed (%s: %s); decode steps run the compiled step without them",
+                  type(exc).__name__, exc, exc_info=True)
         return None
     log.info("captured %d CUDA graphs of decode steps (batch sizes %d..%d) in %.1f s",
              len(sizes), sizes[0], sizes[-1], seconds)
