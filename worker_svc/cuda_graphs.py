@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from worker_svc import triton_decode
 from worker_svc.attention import AttentionMetadata
 from worker_svc.forward_context import ForwardContext, forward_context, get_forward_context
 from worker_svc.model_executor import TOKEN_BUCKET
@@ -134,7 +135,6 @@ def capture_decode_graphs(forward, caches, device: torch.device, max_size: int, 
     apply (not CUDA, max_size 0, no Triton decode kernel: the torch fallback would gather every
     column of a max_model_len-wide table) or the capture failed (logged: the step runs
     without graphs, as with max_size 0)."""
-    from worker_svc import triton_decode
     sizes = capture_sizes(max_size)
     if device.type != "cuda" or not sizes or triton_decode.load() is None:
         return None
