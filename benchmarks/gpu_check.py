@@ -135,7 +135,7 @@ def hf_greedy(folder: str, prompts, dtype: torch.dtype, device: str) -> list[lis
 def our_greedy(folder: str, prompts, dtype: str, mode: str, args) -> tuple[list[list[int]], int, list[str]]:
     """Our greedy tokens through a scheduler and a worker; the CUDA graphs it captured, and the
     warnings and errors of its log (a capture that failed, triton missing, ...)."""
-    worker_args = ["--device", args.device, "--dtype", dtype, *MODES[mode], *args.small_memory]
+    worker_args = ["--device", args.device, "--dtype", dtype, *MODES[mode], *args.small_memory, *args.cache]
     with started(LocalCluster(folder, worker_args=worker_args), args) as cluster:
         client = Client(cluster.address)
         try:
@@ -184,7 +184,7 @@ def check_exactness(report: Report, args) -> None:
 
 def bench_cluster(args, async_scheduling: bool | None, data_parallel_size: int = 1) -> LocalCluster:
     """A cluster of --bench-model in bfloat16, not started yet."""
-    worker_args = ["--dtype", "bfloat16"]
+    worker_args = ["--dtype", "bfloat16", *args.cache]
     if args.device != "cpu":
         worker_args += ["--device", args.device,
                         "--gpu-memory-utilization", str(round(args.gpu_memory_utilization / data_parallel_size, 3))]
@@ -254,7 +254,7 @@ def check_replicas(report: Report, args, rates: dict) -> None:
 def check_runner_step(report: Report, args) -> None:
     command = [sys.executable, "-m", "benchmarks.runner_step", "--model", args.bench_model, "--device", args.device,
                "--dtype", "bfloat16", "--batch", str(args.step_batch), "--prompt-len", "16",
-               "--steps", str(args.step_count), "--modes", ",".join(args.modes), "--json"]
+               "--steps", str(args.step_count), "--modes", ",".join(args.modes), *args.cache, "--json"]
     done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=args.child_timeout_s)
     report("runner_step", **json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -280,6 +280,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="a benchmark cluster's, split by replicas")
     p.add_argument("--step-batch", type=int, default=256, help="runner_step's batch")
     p.add_argument("--step-count", type=int, default=24, help="runner_step's timed steps")
+    p.add_argument("--compile-cache-dir", default=None, help="every worker's (default: CUDA, a temporary one)")
     p.add_argument("--deadline-s", type=float, default=420.0, help="no part or bench run starts after this")
     p.add_argument("--child-timeout-s", type=float, default=300.0, help="of each cluster start and child command")
     args = p.parse_args(argv)
@@ -287,6 +288,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.out_of_time = lambda: time.monotonic() - start > args.deadline_s
     # The exactness clusters run side by side: each takes a small share of the device.
     args.small_memory = [] if args.device == "cpu" else ["--gpu-memory-utilization", "0.04"]
+    # On the GPU machine, compiled graphs go under the temporary folder (its home may not be
+    # writable); on CPU the default cache keeps the C++ kernel already built there.
+    if args.compile_cache_dir is None and args.device != "cpu":
+        args.compile_cache_dir = os.path.join(tempfile.gettempdir(), "stepserve-gpu-check-cache")
+    args.cache = ["--compile-cache-dir", args.compile_cache_dir] if args.compile_cache_dir else []
     return args
 
 
