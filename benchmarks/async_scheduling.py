@@ -9,11 +9,10 @@ health while the batch was at its fullest.
 """
 import argparse
 import copy
-import statistics
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, run_mode_benchmark, run_rounds
+from benchmarks.mode_runs import measure_on_fresh_cluster, mode_parser, mode_summary, run_mode_benchmark, run_rounds
 
 MODES = ("async", "sync")
 
@@ -32,14 +31,8 @@ async def run(args: argparse.Namespace) -> dict:
         lambda row: (f"round {row['round']} {row['scheduling']:>5}: {row['requests_per_second']:9.2f} requests/s, "
                      f"step {row['mean_step_time_ms']:.2f} ms, worker busy {row['worker_busy_fraction']:.1%}"),
         mirror_odd_rounds=True)
-    summary = {"cpu": cpu, "model": args.model, "num_prompts": args.num_prompts, "input_len": args.input_len,
-               "output_len": args.output_len, "rounds": args.rounds}
-    for mode in MODES:
-        mine = [r for r in rows if r["scheduling"] == mode]
-        summary[mode] = {key: statistics.median(r[key] for r in mine)
-                         for key in ("requests_per_second", "mean_step_time_ms", "worker_busy_fraction")}
-    summary["async_over_sync"] = round(summary["async"]["requests_per_second"]
-                                       / summary["sync"]["requests_per_second"], 3)
+    summary = mode_summary(args, cpu, rows, "scheduling", MODES,
+                           ("requests_per_second", "mean_step_time_ms", "worker_busy_fraction"))
     print(f"{args.model}: async {summary['async']['requests_per_second']:.2f} / sync "
           f"{summary['sync']['requests_per_second']:.2f} requests/s (medians of {args.rounds}) = "
           f"{summary['async_over_sync']:.3f}x; worker busy {summary['async']['worker_busy_fraction']:.1%} / "

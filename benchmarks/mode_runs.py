@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import statistics
 
 from client_sdk.bench.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
@@ -75,3 +76,20 @@ async def run_rounds(args: argparse.Namespace, modes, run_one, describe, mirror_
             if args.json:
                 print(json.dumps(row), flush=True)
     return rows
+
+
+def medians_by_mode(rows: list[dict], field: str, modes, keys) -> dict[str, dict]:
+    """For each mode (a row's `field`), the median of each key over that mode's rows."""
+    return {mode: {key: statistics.median(r[key] for r in rows if r[field] == mode) for key in keys} for mode in modes}
+
+
+def mode_summary(args: argparse.Namespace, cpu: str, rows: list[dict], field: str, modes, keys, **extra) -> dict:
+    """The series' configuration, each mode's medians of keys, and the first mode's requests/s
+    over the second's (`A_over_B`)."""
+    summary = {"cpu": cpu, "model": args.model, "num_prompts": args.num_prompts, "input_len": args.input_len,
+               "output_len": args.output_len, "rounds": args.rounds, **extra,
+               **medians_by_mode(rows, field, modes, keys)}
+    first, second = modes
+    summary[f"{first}_over_{second}"] = round(summary[first]["requests_per_second"]
+                                              / summary[second]["requests_per_second"], 3)
+    return summary

@@ -1,6 +1,6 @@
-"""The Ray Data processor (client_sdk/ray_data.py) on a simulated two-node Ray cluster: rows
-through replica actors once each, equal to the SDK's greedy outputs, a row that fails alone, and
-an actor killed mid-job."""
+"""The Ray Data processor (client_sdk/ray_data.py) on a simulated two-node Ray cluster: 10,000
+rows through 2 actors once each, equal to the SDK's greedy outputs; rows of every kind and one
+that fails alone; replica actors (each its own scheduler and worker), one killed mid-job."""
 import os
 import signal
 import time
@@ -30,9 +30,17 @@ def llm(ray_cluster, chat_folder):
         yield llm
 
 
-def test_ten_thousand_rows_through_two_actors_once_each_equal_to_the_sdk(llm, chat_folder):
+def _sdk_outputs(llm, max_tokens: int) -> list[list[int]]:
+    """The SDK's greedy tokens for each distinct prompt."""
+    reference = llm.generate([_prompt(i) for i in range(DISTINCT)],
+                             SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in reference]
+
+
+def test_ten_thousand_rows_through_two_actors_once_each_equal_to_the_sdk(llm):
+    # The actors connect to the LLM's service (address=): the replica actors are the last test's.
     rows = [{"id": i, "prompt_token_ids": _prompt(i)} for i in range(10_000)]
-    config = ProcessorConfig(model=chat_folder, concurrency=2, batch_size=500, engine_kwargs=ENGINE,
+    config = ProcessorConfig(address=llm.cluster.address, concurrency=2, batch_size=500,
                              sampling_params={"max_tokens": 2, "temperature": 0.0, "ignore_eos": True})
     started = time.monotonic()
     out = build_processor(config, postprocess=lambda row: {"id": row["id"], "ids": row["generated_token_ids"],
@@ -40,9 +48,7 @@ def test_ten_thousand_rows_through_two_actors_once_each_equal_to_the_sdk(llm, ch
     print(f"10,000 rows through 2 actors in {time.monotonic() - started:.1f} s")
     assert sorted(r["id"] for r in out) == list(range(10_000))
     assert all(r["error"] is None for r in out)
-    reference = llm.generate([_prompt(i) for i in range(DISTINCT)],
-                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    expected = [o.outputs[0].token_ids for o in reference]
+    expected = _sdk_outputs(llm, max_tokens=2)
     assert all(list(r["ids"]) == expected[r["id"] % DISTINCT] for r in out)
 
 
@@ -70,22 +76,22 @@ def test_rows_of_every_kind_and_a_row_that_fails_alone(llm):
     assert "needs 'prompt'" in by_prompt[(None, False)]["error"]
 
 
-def test_an_actor_killed_mid_job_and_every_row_comes_back_once(ray_cluster, chat_folder, tmp_path):
+def test_replica_actors_one_killed_mid_job_and_every_row_comes_back_once(llm, chat_folder, tmp_path):
     folder = str(tmp_path / "model-of-this-test")  # names this test's workers among the processes
     os.symlink(chat_folder, folder)
-    rows = [{"id": i, "prompt_token_ids": _prompt(i)} for i in range(3_000)]
+    rows = [{"id": i, "prompt_token_ids": _prompt(i)} for i in range(2_000)]
     config = ProcessorConfig(model=folder, concurrency=2, batch_size=100, engine_kwargs=ENGINE,
-                             sampling_params={"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
-    seen, killed = [], None
+                             sampling_params={"max_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+    seen, killed = {}, None
     for row in build_processor(config)(ray.data.from_items(rows)).iter_rows():
-        seen.append(row["id"])
-        assert row["error"] is None
-        if killed is None:
-            actor_pid = _parent_of(int(pids(f"worker_svc.*{folder}")[0]))
-            os.kill(actor_pid, signal.SIGKILL)
-            killed = actor_pid
-    assert killed is not None
-    assert sorted(seen) == list(range(3_000))
+        assert row["id"] not in seen and row["error"] is None
+        seen[row["id"]] = list(row["generated_token_ids"])
+        if killed is None:  # an actor's process, with its scheduler and worker, once rows come out
+            killed = _parent_of(int(pids(f"worker_svc.*{folder}")[0]))
+            os.kill(killed, signal.SIGKILL)
+    assert killed is not None and sorted(seen) == list(range(2_000))
+    expected = _sdk_outputs(llm, max_tokens=4)
+    assert all(ids == expected[i % DISTINCT] for i, ids in seen.items())
 
 
 def _parent_of(pid: int) -> int:
