@@ -1,6 +1,6 @@
 """`stepserve up --ray` and `serve --ray` on a simulated two-node Ray cluster: a replica on each
-node serves the SDK and the openai client, and a worker actor SIGKILLed is restarted by Ray and
-serves again, nothing lost on the client's side."""
+node serves the SDK and (with CurveZMQ keys on every link) the openai client, and a worker actor
+SIGKILLed is restarted by Ray and serves again, nothing lost on the client's side."""
 import os
 import signal
 import threading
@@ -10,8 +10,9 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: the Ray tests need the ray extra (pip install -e '.[ray]')")
 
-from client_sdk import Client, SamplingParams  # noqa: E402
+from client_sdk import AuthenticationError, Client, SamplingParams  # noqa: E402
 from tests.cli_helpers import pids, until_ctrl_c  # noqa: E402
+from protocol.curve import generate_keys  # noqa: E402
 from tests.e2e_helpers import free_port  # noqa: E402
 
 FLAGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--enforce-eager", "--data-parallel-size", "2",
@@ -62,14 +63,23 @@ def test_up_ray_serves_the_sdk_from_each_node_and_a_killed_worker_actor_serves_a
             assert all(r.num_steps > 0 for r in client.health().replicas), "the new worker served nothing"
 
 
-def test_serve_ray_answers_the_openai_client(ray_cluster, model):
+def test_serve_ray_with_curve_keys_answers_the_openai_client(ray_cluster, model, tmp_path):
     import openai
     port = free_port()
+    keys = str(tmp_path / "keys")
+    generate_keys(keys)  # every link CurveZMQ: the actors get the files with their arguments
     with until_ctrl_c("serve", "--ray", "--ray-address", ray_cluster.address, "--model", model, *FLAGS,
-                      "--port", str(port), "--served-model-name", "small") as line:
+                      "--curve-keys", keys, "--port", str(port), "--served-model-name", "small") as line:
         assert f"http://127.0.0.1:{port}/v1" in line
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         out = api.completions.create(model="small", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 3
         chat = api.chat.completions.create(model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         assert chat.usage.completion_tokens == 2
+        sdk_address = line.rsplit("(SDK: ", 1)[1].split(")")[0]
+        with Client(sdk_address, timeout_s=30) as keyless:  # the scheduler's socket is CurveZMQ indeed
+            with pytest.raises(AuthenticationError):
+                keyless.health()
+        with Client(sdk_address, curve_server_key=f"{keys}/scheduler.key",
+                    curve_secret_key=f"{keys}/client.key_secret") as client:
+            assert client.health().num_workers == 2
