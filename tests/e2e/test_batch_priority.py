@@ -9,23 +9,23 @@ from client_sdk.launcher import LocalCluster
 from protocol.client_messages import BATCH_PRIORITY
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 
-LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32)
+LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=24)
 SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
 
 
 async def test_an_interactive_request_preempts_a_running_batch_request():
-    # 2 seats and a core queue of 2 x max_num_seqs: of 12 batch requests 2 run, 4 wait in the
-    # core and 6 in the service's queue, so the interactive one must pass both queues.
+    # 2 seats and a core queue of 2 x max_num_seqs: of 8 batch requests 2 run, 4 wait in the
+    # core and 2 in the service's queue, so the interactive one must pass both queues.
     with LocalCluster("micro-llama", 1, worker_args=TEST_WORKER_ARGS,
                       scheduler_args=["--max-num-seqs", "2", "--scheduling-policy", "priority"]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=60) as client:
             await client.wait_for_workers(1)
-            prompts = [[5 + i, 6, 7] for i in range(12)]
+            prompts = [[5 + i, 6, 7] for i in range(8)]
             alone = [o.outputs[0].token_ids for o in await client.generate_batch(prompts, LONG)]
             batch = asyncio.ensure_future(client.generate_batch(prompts, LONG, priority=BATCH_PRIORITY))
-            while (await client.health()).num_waiting < 10:
+            # Until the core's queue is at its watermark (2 x max_num_seqs), the rest in the service's.
+            while (before := await client.health()).replicas[0].num_waiting < 4 or before.num_waiting < 6:
                 await asyncio.sleep(0.01)
-            before = await client.health()
             interactive = await client.generate([9, 9, 9], SHORT, priority=0)
             after = await client.health()
             assert not batch.done()
