@@ -114,8 +114,10 @@ def measure_speed(args, tmp: str) -> None:
                       "config": vars(args)}), flush=True)
 
 
-async def _online_ttfts(address: str, rate: float, seconds: float, prompt_len: int) -> list[float]:
-    """TTFT of streams arriving at `rate` per second (Poisson) at priority 0."""
+async def _online_ttfts(address: str, rate: float, seconds: float, prompt_len: int) -> tuple[list[float], float]:
+    """TTFT of streams arriving at `rate` per second (Poisson) at priority 0, and the mean time
+    of a step meanwhile (the scheduler's steps over the stream's wall time: a step's length when
+    a batch keeps it busy, what a TTFT is made of)."""
     rng = random.Random(1)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=16)
     ttfts: list[float] = []
@@ -127,12 +129,14 @@ async def _online_ttfts(address: str, rate: float, seconds: float, prompt_len: i
             break
 
     async with AsyncClient(address) as client:
-        tasks, end = [], time.monotonic() + seconds
+        num_steps, start = (await client.health()).num_steps, time.monotonic()
+        tasks, end = [], start + seconds
         while time.monotonic() < end:
             tasks.append(asyncio.ensure_future(one([rng.randrange(4, 1000) for _ in range(prompt_len)])))
             await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*tasks)
-    return ttfts
+        num_steps = (await client.health()).num_steps - num_steps
+    return ttfts, (time.monotonic() - start) / max(num_steps, 1)
 
 
 async def _until_idle(address: str) -> None:
@@ -155,7 +159,8 @@ def measure_ttft(args, tmp: str) -> None:
                 while not (os.path.exists(out) and os.path.getsize(out)) and batch.poll() is None:
                     time.sleep(0.1)
                 time.sleep(args.batch_head_start_s)
-            ttfts = sorted(asyncio.run(_online_ttfts(cluster.address, args.rate, args.seconds, args.prompt_len)))
+            ttfts, step_s = asyncio.run(_online_ttfts(cluster.address, args.rate, args.seconds, args.prompt_len))
+            ttfts.sort()
             if batch is not None:
                 still_running = batch.poll() is None
                 batch.kill()
@@ -164,7 +169,8 @@ def measure_ttft(args, tmp: str) -> None:
                 asyncio.run(_until_idle(cluster.address))  # a killed client's requests still run
             result.setdefault(mode, []).append({"median_ms": round(1000 * statistics.median(ttfts), 1),
                                                 "p99_ms": round(1000 * ttfts[int(0.99 * (len(ttfts) - 1))], 1),
-                                                "num_requests": len(ttfts)})
+                                                "num_requests": len(ttfts),
+                                                "wall_per_step_ms": round(1000 * step_s, 1)})
     median_alone = statistics.median(r["median_ms"] for r in result["alone"])
     print(json.dumps({"what": "ttft", **result,
                       "median_ratio": round(result["with_batch"][0]["median_ms"] / median_alone, 2),
