@@ -9,8 +9,9 @@ nothing lost). A batch is taken by holding the flock of work/<id>/lock, so of se
 sharing one --batch-dir (on a local filesystem) exactly one runs it; the lock dies with its
 process. When the record is complete it is split into the output file (answered requests) and
 the error file (error lines), as OpenAI's batches have them. Cancel aborts what is in flight
-and keeps what finished. One batch runs at a time per gateway; its requests are at
-BATCH_PRIORITY at least, so interactive requests go first under the priority policy.
+and keeps what finished. A gateway runs up to MAX_RUNNING_BATCHES batches at once, each with its
+own window of requests in flight; their requests are at BATCH_PRIORITY at least, so interactive
+requests go first under the priority policy.
 """
 import asyncio
 import contextlib
@@ -30,6 +31,9 @@ from protocol.metrics import BatchMetrics
 
 logger = logging.getLogger("stepserve.batch")
 POLL_S = 0.5  # how often unowned batches are looked for, and a running one's counts and cancel are checked
+# Batches one gateway runs side by side: a small batch created after a large one need not wait
+# for it to end, while the requests in flight stay bounded (this many windows).
+MAX_RUNNING_BATCHES = 4
 
 
 class BatchJobs:
@@ -38,24 +42,28 @@ class BatchJobs:
         self.upstream = upstream
         self.window = window
         self.metrics = BatchMetrics(upstream.metrics.registry, store.num_batches_by_status)
-        self._running: asyncio.Task | None = None
+        self._running: dict[str, asyncio.Task] = {}  # the batches this gateway runs, by id
 
     async def run_forever(self) -> None:
         try:
             while True:
-                if self._running is None or self._running.done():
-                    self._running = None
-                    for batch_id in self.store.active_batch_ids():
-                        lock = _try_lock(os.path.join(self.store.work_dir(batch_id), "lock"))
-                        if lock is not None:
-                            self._running = asyncio.ensure_future(self._take(batch_id, lock))
-                            break
+                for batch_id in [b for b, task in self._running.items() if task.done()]:
+                    del self._running[batch_id]
+                for batch_id in self.store.active_batch_ids():
+                    if len(self._running) >= MAX_RUNNING_BATCHES:
+                        break
+                    if batch_id in self._running:
+                        continue
+                    lock = _try_lock(os.path.join(self.store.work_dir(batch_id), "lock"))
+                    if lock is not None:
+                        self._running[batch_id] = asyncio.ensure_future(self._take(batch_id, lock))
                 await asyncio.sleep(POLL_S)
         finally:
-            if self._running is not None:
-                self._running.cancel()
+            for task in self._running.values():
+                task.cancel()
+            for task in self._running.values():
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._running
+                    await task
 
     async def _take(self, batch_id: str, lock: int) -> None:
         try:

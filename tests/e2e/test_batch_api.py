@@ -138,3 +138,23 @@ def test_a_gateway_killed_mid_batch_and_restarted_finishes_it_with_each_custom_i
     answered = outputs_of(client, batch.output_file_id)
     assert batch.usage.output_tokens == 4 * len(answered)
     assert batch.usage.input_tokens == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in answered)
+
+
+def test_two_batches_run_side_by_side(cluster, tmp_path):
+    # Each batch keeps 2 requests of 32 tokens in flight: the first takes many seconds, and the
+    # second, created after it, answers lines while the first still runs.
+    url = cluster.start_gateway(["--batch-dir", str(tmp_path / "batches"), "--batch-window", "2"])
+    client = openai_client(url)
+    lines, _ = batch_lines(60, max_tokens=32, bad_every=1000, seed=6, urls=(COMPLETIONS,))
+    batch_ids = []
+    for name in ("first", "second"):
+        with open(write_lines(str(tmp_path / f"{name}.jsonl"), lines), "rb") as f:
+            uploaded = client.files.create(file=f, purpose="batch")
+        batch_ids.append(client.batches.create(input_file_id=uploaded.id, endpoint=COMPLETIONS,
+                                               completion_window="24h").id)
+    wait_for(client, batch_ids[1], ("completed",), until=lambda b: b.request_counts.completed >= 1)
+    assert client.batches.retrieve(batch_ids[0]).status == "in_progress"
+    for batch_id in batch_ids:
+        client.batches.cancel(batch_id)
+    for batch_id in batch_ids:
+        assert wait_for(client, batch_id, ("cancelled",), timeout_s=60).status == "cancelled"
