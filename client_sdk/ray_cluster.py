@@ -61,6 +61,8 @@ class ServiceProcess:
             except ProcessExited as e:
                 print(f"stepserve: {e}", file=sys.stderr, flush=True)
                 os._exit(1)  # an actor that dies unexpectedly is what Ray restarts
+            except ValueError:  # its log closed: the cluster was stopped, the actor is ending
+                return
             time.sleep(0.2)
 
     def addresses(self) -> tuple[str | None, str | None, str | None]:

@@ -56,3 +56,11 @@ def test_a_cluster_without_the_server_extra_says_what_to_install_and_leaves_noth
         cluster.start()
     assert cluster.scheduler is not None and cluster.scheduler.poll() is not None, "the scheduler was left running"
     assert not cluster.worker_procs
+
+
+def test_up_ray_without_ray_says_what_to_install(monkeypatch, capsys):
+    from client_sdk import cli
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where the extra is not installed: import ray fails
+    monkeypatch.delitem(sys.modules, "client_sdk.ray_cluster", raising=False)
+    assert cli.main(["up", "--ray", "--model", "micro-llama"]) == 2
+    assert "stepserve[ray]" in capsys.readouterr().err
