@@ -30,8 +30,15 @@ def hf_greedy_each(folder: str, prompts: list[list[int]]) -> list[list[int]]:
     return outputs
 
 
+def _no_full_logits(hidden):
+    raise AssertionError("an all-greedy step computed full logits instead of the forward's greedy head")
+
+
 def runner_greedy(folder: str, prompts, events, token_budget: int,
-                   enforce_eager: bool = False) -> list[list[int]]:
+                   enforce_eager: bool = False, argmax_only: bool = False) -> list[list[int]]:
+    """argmax_only: the requests ignore EOS rather than ban it (min_tokens), so every step's
+    sampled rows take the raw argmax: the forward's own greedy head (model_executor.py), and
+    never the full logits; generate's min_new_tokens still bans EOS, so an EOS argmax fails."""
     runner = ModelRunner(RunnerConfig(model=folder, dtype="float32", block_size=4,
                                       num_gpu_blocks=128, swap_space_gb=0.001,
                                       enforce_eager=enforce_eager))
@@ -40,6 +47,9 @@ def runner_greedy(folder: str, prompts, events, token_budget: int,
     player = PlanPlayer(runner, token_budget=token_budget)
     # min_tokens = max_tokens bans EOS throughout, as min_new_tokens does in generate.
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
+    if argmax_only:
+        params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+        runner.executor.logits = _no_full_logits
     for i, prompt in enumerate(prompts):
         player.add(f"req-{i}", prompt, params)
     outputs = player.run(events)

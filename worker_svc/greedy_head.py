@@ -1,4 +1,4 @@
-"""GreedyHead: the LM head and the argmax in one compiled graph.
+"""ForwardWithGreedyHead: the model's forward, the LM head and the argmax in one compiled graph.
 
 For greedy rows without logprobs the sampler only needs each row's argmax. Compiled, the matmul
 writes logits in the model's dtype and one fused reduction reads them once for the argmax (the
@@ -9,17 +9,26 @@ it the matmul); float32 13.0 ms against 35.1 ms eager (oneDNN against MKL). Spli
 vocabulary into chunks whose logits stay in cache, folding a running maximum, was slower at
 every chunk size tried (1k to 16k: 7.0 to 12.3 ms in bfloat16): one matmul call per chunk costs
 more than the memory pass it saves. Ties go to the lowest token id, as torch.argmax does.
+
+The head lives in the forward's graph rather than a graph of its own: a small model's step is
+mostly per-call overhead (guards, wrappers, a gather of the sampled rows, a second call), and
+one graph of the model means its weights are packed once. A step that samples otherwise (or
+samples nothing) passes a bucket of row 0 and ignores the tokens: one bucket's head, not the
+batch's.
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-class GreedyHead(nn.Module):
-    def __init__(self, lm_head_weight: torch.Tensor):
+class ForwardWithGreedyHead(nn.Module):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.weight = lm_head_weight  # [V, hidden], shared with the model (not a copy)
+        self.model = model  # its lm_head_weight [V, hidden] is the head: shared, not a copy
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden] -> token ids [S] int64."""
-        return F.linear(hidden, self.weight).argmax(dim=-1)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                greedy_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids, positions [T]; greedy_indices [S] rows of the hidden states ->
+        hidden [T, hidden], the argmax token id of each indexed row [S] int64."""
+        hidden = self.model(input_ids, positions)
+        return hidden, F.linear(hidden[greedy_indices], self.model.lm_head_weight).argmax(dim=-1)

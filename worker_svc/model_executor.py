@@ -14,8 +14,9 @@ Dimensions get a symbol each (no "duck shaping"): otherwise a batch of 256 rows 
 256-wide hidden state would share one symbol with the weight's in-features and be specialised
 to 256, which also sends float32 matmuls back to MKL.
 
-Greedy rows without logprobs take the LM head fused with the argmax (greedy_head.py). On CUDA,
-batches of decodes replay CUDA graphs of the compiled forward (cuda_graphs.py).
+A step whose sampled rows are all greedy without logprobs gets their tokens from the forward's
+own graph (greedy_head.py: the LM head and the argmax after the model). On CUDA, batches of
+decodes replay CUDA graphs of the compiled forward (cuda_graphs.py).
 
 Models that are not written for compilation (state-space models: their scans loop in Python
 over the step's sequence groups) and tensor-parallel ranks (collectives inside the graph) run
@@ -27,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from worker_svc.greedy_head import GreedyHead
+from worker_svc.greedy_head import ForwardWithGreedyHead
 from worker_svc.sampler import argmax_rows
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def padded_size(num: int) -> int:
 class ModelExecutor:
     def __init__(self, model: torch.nn.Module, device: torch.device, compile_model: bool):
         self.model, self.device = model, device
-        self._forward, self._logits, self._greedy_tokens = model, model.compute_logits, None
+        self._forward, self._logits = model, model.compute_logits
         self.compiled = False
         # cuda_graphs.DecodeGraphs, set by the runner after warm_up on CUDA; None: never replays
         self.decode_graphs = None
@@ -67,43 +68,57 @@ class ModelExecutor:
             inductor_config.freezing = True
             fx_config.use_duck_shape = False
             # Every executor compiles the same code objects (its model class's forward,
-            # GreedyHead.forward) for weights of its own: one cache entry each, not a recompile
+            # ForwardWithGreedyHead.forward) for weights of its own: one cache entry each, not a recompile
             # of a shape. A worker builds one; a process that builds more (the tests, a program
             # running ModelRunners in-process) met dynamo's limit of 8 entries per code object
             # and, with fullgraph, failed at the ninth.
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
-            self._forward = compile(model)
+            self._forward = compile(ForwardWithGreedyHead(model))
             self._logits = compile(model.compute_logits)
-            self._greedy_tokens = compile(GreedyHead(model.lm_head_weight))
             self.compiled = True
 
     def padded_size(self, num_tokens: int) -> int:
         """The token axis a forward of num_tokens runs on: a bucket when compiled."""
         return padded_size(num_tokens) if self.compiled else num_tokens
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: [T], T = padded_size(real tokens) -> hidden [T, hidden]."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                greedy_indices: np.ndarray | None = None) -> tuple[torch.Tensor, np.ndarray | None]:
+        """input_ids, positions: [T], T = padded_size(real tokens) -> hidden [T, hidden], and
+        with greedy_indices [S] (rows of hidden) their argmax token ids [S] (ties: lowest id),
+        as unfused logits give."""
         if self.decode_graphs is not None:
             hidden = self.decode_graphs.replay(input_ids, positions)
             if hidden is not None:
-                return hidden
-        return self._forward(input_ids, positions)
+                return hidden, self._argmax_of_logits(hidden, greedy_indices)
+        if not self.compiled:
+            hidden = self._forward(input_ids, positions)
+            return hidden, self._argmax_of_logits(hidden, greedy_indices)
+        num = 0 if greedy_indices is None else len(greedy_indices)
+        indices = np.zeros(padded_size(num), dtype=np.int64)  # padding rows: row 0, ignored
+        if num:
+            indices[:num] = greedy_indices
+        hidden, tokens = self._forward(input_ids, positions, torch.from_numpy(indices).to(self.device))
+        return hidden, (tokens[:num].cpu().numpy() if greedy_indices is not None else None)
+
+    def _argmax_of_logits(self, hidden: torch.Tensor, greedy_indices: np.ndarray | None) -> np.ndarray | None:
+        """The greedy tokens of a forward that ran without its head (eager, a CUDA graph's replay)."""
+        if greedy_indices is None:
+            return None
+        return argmax_rows(self.logits(hidden[torch.from_numpy(greedy_indices).to(self.device)]))
 
     @property
     def compiled_forward(self):
-        """The compiled forward alone (what a CUDA graph captures); the eager model if not compiled."""
-        return self._forward
+        """The compiled forward alone, (input_ids, positions) -> hidden, what a CUDA graph
+        captures (its greedy head runs on a bucket of row 0); the eager model if not compiled."""
+        if not self.compiled:
+            return self._forward
+        no_rows = torch.zeros(TOKEN_BUCKET, dtype=torch.int64, device=self.device)
+        return lambda input_ids, positions: self._forward(input_ids, positions, no_rows)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] -> float32 logits [S, vocab]."""
         return self._logits(self._pad_rows(hidden))[:hidden.shape[0]]
-
-    def greedy_tokens(self, hidden: torch.Tensor) -> np.ndarray:
-        """hidden [S, hidden] -> argmax token ids [S] (ties: lowest id), as unfused logits give."""
-        if self._greedy_tokens is None:  # eager: full logits, numpy's argmax
-            return argmax_rows(self._logits(hidden))
-        return self._greedy_tokens(self._pad_rows(hidden))[:hidden.shape[0]].cpu().numpy()
 
     def _pad_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         num = hidden.shape[0]
@@ -114,7 +129,8 @@ class ModelExecutor:
 
     def warm_up(self, run_forward) -> float:
         """Compiles every function on dummy shapes before the first request; the seconds it took.
-        run_forward(num_tokens) runs one all-padding forward through the runner's own path.
+        run_forward(num_tokens) runs one all-padding forward through the runner's own path
+        and returns its hidden states.
         A compiler that fails here (no C++ toolchain, an unsupported op) leaves the worker
         serving eagerly rather than not at all."""
         if not self.compiled:
@@ -122,12 +138,11 @@ class ModelExecutor:
         start = time.perf_counter()
         try:
             hidden = run_forward(2 * TOKEN_BUCKET)
-            self.greedy_tokens(hidden)
             self.logits(hidden)
         except Exception:
             log.exception("torch.compile failed; the model runs eagerly")
             self._forward, self._logits = self.model, self.model.compute_logits
-            self._greedy_tokens, self.compiled = None, False
+            self.compiled = False
             return 0.0
         seconds = time.perf_counter() - start
         log.info("model compiled in %.1f s (%d graphs)", seconds, num_compilations())

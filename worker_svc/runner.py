@@ -38,7 +38,7 @@ from worker_svc.parallel import TensorParallel, init_process_group
 from worker_svc.prompt_logprobs import score_prompts
 from worker_svc.request_table import RequestTable, StepInputs
 from worker_svc.runner_config import RunnerConfig
-from worker_svc.sampler import sample
+from worker_svc.sampler import SamplingMetadata, sample
 from worker_svc.state_slots import StateSlotPool
 from worker_svc.structured_outputs import StructuredOutputs
 
@@ -132,7 +132,7 @@ class ModelRunner:
         inputs = StepInputs.empty(num_tokens, self.scratch_slot)
         context = self._forward_context(inputs, no_seqs, no_seqs)
         with forward_context(context):
-            return self.executor.forward(*self._token_tensors(inputs))
+            return self.executor.forward(*self._token_tensors(inputs))[0]
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -180,13 +180,19 @@ class ModelRunner:
         order = np.argsort(query_lens != 1, kind="stable")
         rows, query_lens = rows[order], query_lens[order]
         inputs, context = self._prepare(rows, query_lens)
-        with forward_context(context):
-            hidden = self.executor.forward(*self._token_tensors(inputs))  # [T, hidden]
         sampled = inputs.sampled_mask  # [B] bool
-        tokens, logprobs, errors = np.empty(0, dtype=np.int64), None, {}
-        if sampled.any():
-            logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
-            tokens, logprobs, errors = self._sample(hidden[logits_indices], rows[sampled])
+        meta = None  # a tensor-parallel group's rank 0 builds it in _sample, after the forward
+        if sampled.any() and self.tp.size == 1:
+            meta = self.requests.sampling_metadata(rows[sampled])
+        greedy_indices = inputs.logits_indices if meta is not None and meta.argmax_only else None
+        with forward_context(context):
+            hidden, tokens = self.executor.forward(*self._token_tensors(inputs), greedy_indices)  # [T, hidden]
+        logprobs, errors = None, {}
+        if tokens is None:
+            tokens = np.empty(0, dtype=np.int64)
+            if sampled.any():
+                logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
+                tokens, logprobs, errors = self._sample(hidden[logits_indices], rows[sampled], meta)
         prompt_logprobs = self._score_prompts(hidden, rows, query_lens, order)
         # A request that failed alone (its grammar) reports no token, but its row keeps a
         # placeholder: a plan already in flight for it (async scheduling) still finds the tokens
@@ -258,24 +264,22 @@ class ModelRunner:
         return (torch.from_numpy(inputs.input_ids).to(self.device, non_blocking=True),
                 torch.from_numpy(inputs.positions).to(self.device, non_blocking=True))
 
-    def _sample(self, hidden: torch.Tensor, rows: np.ndarray):
+    def _sample(self, hidden: torch.Tensor, rows: np.ndarray, meta: SamplingMetadata | None):
         """hidden: [S, hidden] -> token ids [S], the same on every rank, and rank 0's logprobs.
 
         Only rank 0 computes logits and samples (the others' would be identical work), then
-        broadcasts the ids: exact for seeded and unseeded random sampling alike. Greedy rows
-        without logprobs take the fused LM head + argmax (no full-vocabulary logits). Rows that
-        fail alone (a grammar that does not compile) get token -1 and a reason (index -> str)."""
+        broadcasts the ids: exact for seeded and unseeded random sampling alike. meta: the rows'
+        SamplingMetadata where the runner built it before the forward (a worker alone, whose
+        all-greedy steps take their tokens from the forward's graph); None: built here. Rows
+        that fail alone (a grammar that does not compile) get token -1 and a reason (index -> str)."""
         tokens, logprobs, errors = None, None, {}
         if self.tp.is_driver:
             try:
-                meta = self.requests.sampling_metadata(rows)
-                if meta.argmax_only:
-                    tokens = self.executor.greedy_tokens(hidden)
-                else:
-                    tokens, logprobs = sample(self.executor.logits(hidden), meta)
-                    if meta.grammar is not None and meta.grammar.errors:
-                        errors = meta.grammar.errors
-                        tokens[list(errors)] = -1
+                meta = meta if meta is not None else self.requests.sampling_metadata(rows)
+                tokens, logprobs = sample(self.executor.logits(hidden), meta)
+                if meta.grammar is not None and meta.grammar.errors:
+                    errors = meta.grammar.errors
+                    tokens[list(errors)] = -1
             finally:  # on failure too, so the other ranks are not left waiting
                 tokens = self.tp.broadcast_tokens(tokens, len(rows), self.device)
         else:

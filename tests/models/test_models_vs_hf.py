@@ -18,10 +18,11 @@ WINDOWED = ["mistral-window", "gemma2", "gemma3"]
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_matches_transformers(tmp_path, family):
+    """Compiled, every step all-greedy: tokens from the forward's own greedy head."""
     folder = FAMILIES[family](str(tmp_path / "model"))
     prompts = sample_prompts(1000)
     expected = hf_greedy_each(folder, prompts)
-    assert runner_greedy(folder, prompts, EVENTS, token_budget=16) == expected
+    assert runner_greedy(folder, prompts, EVENTS, token_budget=16, argmax_only=True) == expected
 
 
 @pytest.mark.parametrize("family", ["llama"] + WINDOWED)
@@ -42,6 +43,7 @@ def test_the_sliding_window_changes_the_tokens(tmp_path, family):
 
 
 def test_llama_gqa_head_dim_and_tied_embeddings(tmp_path):
+    """Compiled, EOS banned (min_tokens): tokens from the sampler over full logits."""
     folder = make_llama_folder(str(tmp_path / "model"), num_key_value_heads=2, head_dim=32,
                                tie_word_embeddings=True, attention_bias=True, rope_theta=500.0)
     prompts = sample_prompts(1000)

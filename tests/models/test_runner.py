@@ -1,4 +1,6 @@
 """ModelRunner: plan bookkeeping, frees, errors, seeds in a batch, logprobs, state slots."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -8,9 +10,10 @@ import worker_svc.runner as runner_module
 from protocol.sampling import SamplingParams
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan
 from tests.plan_player import PlanPlayer
-from worker_svc.forward_context import get_forward_context
+from worker_svc.forward_context import forward_context, get_forward_context
 from worker_svc.loader import LoadedModel, load_model
 from worker_svc.models.base import CacheSpec
+from worker_svc.request_table import StepInputs
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig
 from worker_svc.sampler import argmax_rows
@@ -153,14 +156,17 @@ def test_state_slots_are_taken_zeroed_and_freed(monkeypatch):
     runner.check_integrity()
 
 
-@pytest.mark.parametrize("num_rows", [1, 5, 8, 13, 37])
-def test_the_fused_greedy_head_picks_what_the_full_logits_pick(runner, num_rows):
+@pytest.mark.parametrize("num_tokens, num_rows", [(8, 1), (16, 5), (16, 8), (40, 13), (64, 37)])
+def test_the_greedy_head_in_the_forward_picks_what_the_full_logits_pick(runner, num_tokens, num_rows):
     assert runner.executor.compiled
-    hidden = torch.randn(num_rows, runner.model.lm_head_weight.shape[1],
-                         generator=torch.Generator().manual_seed(num_rows))
-    with torch.inference_mode():
-        fused = runner.executor.greedy_tokens(hidden)
-        logits = runner.executor.logits(hidden)
+    generator = np.random.default_rng(num_rows)
+    inputs = dataclasses.replace(StepInputs.empty(num_tokens, runner.scratch_slot),
+                                 input_ids=generator.integers(0, runner.vocab_size, num_tokens))
+    no_seqs = np.zeros(0, dtype=np.int64)
+    rows = generator.choice(num_tokens, num_rows)
+    with torch.inference_mode(), forward_context(runner._forward_context(inputs, no_seqs, no_seqs)):
+        hidden, fused = runner.executor.forward(*runner._token_tensors(inputs), rows)
+        logits = runner.executor.logits(hidden[torch.from_numpy(rows)])
     unfused = argmax_rows(logits)
     assert fused.shape == (num_rows,)
     # The two graphs may round a float32 matmul differently (thread count, kernel): compare the
