@@ -55,7 +55,7 @@ class _Mode:
             model=args.model, dtype=args.dtype, block_size=block_size,
             num_gpu_blocks=args.batch * blocks_per_request, enforce_eager=mode == "eager",
             max_cudagraph_capture_size=args.batch if mode == "graphs" else 0, device=args.device,
-            compile_cache_dir=args.compile_cache_dir))
+            compile_cache_dir=args.compile_cache_dir, threads=args.threads or None))
         self.totals = dict.fromkeys(PARTS, 0.0)
         runner = self.runner
         device = runner.device
@@ -98,8 +98,6 @@ class _Mode:
 
 
 def run(args) -> dict:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     modes = {name: _Mode(args, name) for name in args.modes.split(",")}
     for step in range(1, args.steps + 1):
         for mode in modes.values():
@@ -124,7 +122,8 @@ def main():
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled, graphs")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch default")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads; 0: the worker's choice (worker_svc/cpu_threads.py)")
     parser.add_argument("--compile-cache-dir", default=None)
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
     args = parser.parse_args()

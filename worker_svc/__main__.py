@@ -22,7 +22,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scheduler", default="tcp://127.0.0.1:5556", help="the scheduler's worker address")
     p.add_argument("--worker-id", default=None, help="unique id (default: host/pid/random)")
     p.add_argument("--heartbeat-interval", type=float, default=0.5)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--group-id", default=None,
                    help="tensor-parallel group id, the same on every rank (default: derived "
@@ -60,9 +59,6 @@ def main(argv=None) -> int:
             return devices.run_per_device(argv, num_devices, args.worker_id)
         args.device = "cpu"
     curve_keys = connecting_keys("worker", args.curve_server_key, args.curve_secret_key)  # before the model loads
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
     runner = ModelRunner(from_args(args))
     worker_id = args.worker_id or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
     group_id = ""

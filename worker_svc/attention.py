@@ -47,7 +47,9 @@ class PrefillMetadata:
     num_tokens: int
     num_seqs: int
     max_query_len: int
-    pad_index: torch.Tensor | None  # [num_tokens] packed -> row of [num_seqs * Q]; None: one seq
+    # [num_tokens] packed -> row of [num_seqs * Q]; None: every sequence has Q tokens (one
+    # sequence, or a wave of equal prompts), so the packed tokens are the padded layout already
+    pad_index: torch.Tensor | None
     # Read K/V from the cache when some prefill resumes (computed tokens > 0); None: attend
     # causally to this step's own K/V.
     block_tables: torch.Tensor | None  # [num_seqs, max_blocks]
@@ -110,7 +112,7 @@ def _prefill_metadata(query_lens, num_computed, block_tables, start, block_size,
     num_seqs, num_tokens = len(query_lens), int(query_lens.sum())
     max_query_len = int(query_lens.max())
     pad_index = None
-    if num_seqs > 1:
+    if (query_lens != max_query_len).any():
         starts = np.cumsum(query_lens) - query_lens
         seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
         offset_in_seq = np.arange(num_tokens) - starts[seq_of_token]

@@ -25,7 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import compile_cache, cuda_graphs, decode_kernel, kv_cache, status
+from worker_svc import compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, status
 from worker_svc.attention import build_attention_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
@@ -56,6 +56,7 @@ class ModelRunner:
                                  generation_config=config.generation_config)
         init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
+        cpu_threads.choose_threads(self.model, self.device, config.threads)  # before compiling
         model_config = self.loaded.config
         self.vocab_size = model_config["vocab_size"]
         self.max_model_len = config.max_model_len or max_model_len(model_config)
