@@ -40,7 +40,7 @@ def _sdk_outputs(llm, max_tokens: int) -> list[list[int]]:
 def test_ten_thousand_rows_through_two_actors_once_each_equal_to_the_sdk(llm):
     # The actors connect to the LLM's service (address=): the replica actors are the last test's.
     rows = [{"id": i, "prompt_token_ids": _prompt(i)} for i in range(10_000)]
-    config = ProcessorConfig(address=llm.cluster.address, concurrency=2, batch_size=500,
+    config = ProcessorConfig(address=llm.cluster.address, concurrency=2, batch_size=2_000,
                              sampling_params={"max_tokens": 2, "temperature": 0.0, "ignore_eos": True})
     started = time.monotonic()
     out = build_processor(config, postprocess=lambda row: {"id": row["id"], "ids": row["generated_token_ids"],
