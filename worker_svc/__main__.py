@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    # Before torch loads OpenMP: threads that wait at a barrier sleep instead of spinning
+    # (cpu_threads.py says why and what it measured); a value the user set stands.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,

@@ -10,7 +10,13 @@ than cores, the time slice of the thread it waits for. Measured on a 2-vCPU AMD 
 62.7 requests/s with two threads against 1,240 with one (a 232 ms mean step against 11.9 ms).
 
 A model whose step is matrix multiplication (tiny-llama: ~11M weights per token, most of it the
-32k-token head) keeps every core: there the threads share real work.
+32k-token head) keeps every core: there the threads share real work. Its threads wait passively
+(the worker process sets OMP_WAIT_POLICY=PASSIVE before torch loads, unless set): by default
+libgomp spins at each barrier, which on a host with more runnable threads than cores burns the
+time slice the late thread needs. tiny-llama bfloat16, 400 prompts, same host, load 4.6-7.6,
+two runs each: spinning 26.9 / 18.7 requests/s, PASSIVE 172.3 / 150.8 (and 108.5 / 90.2 in a
+later pair), one thread 162.9 / 112.0, GOMP_SPINCOUNT=10000 47.2 / 71.3. A quiet host would pay
+a futex wake-up per parallel region (microseconds); no quiet host was available to measure it.
 """
 import logging
 
