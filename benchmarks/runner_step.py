@@ -10,8 +10,10 @@ part ends with a synchronisation, so the parts add up to device time, not launch
 `batch` requests with `prompt-len`-token prompts are prefilled (not timed); then the modes take
 turns, one decode step of all the requests each, for `steps` rounds (A B A B, so a noisy host
 hurts both alike), and the medians are reported per mode: the whole step, and its parts:
-prepare (input and attention-metadata preparation), forward (the model), sampling (LM head and
-sampler) and other (plan handling, bookkeeping).
+prepare (input and attention-metadata preparation), forward (the model; for an all-greedy batch
+also its LM head and argmax, which run in the forward's graph when compiled), sampling (LM head
+and sampler of the other batches) and other (plan handling, sampling metadata, bookkeeping).
+The runner picks its thread count as a worker does (worker_svc/cpu_threads.py) unless --threads.
 """
 import argparse
 import json
