@@ -13,6 +13,7 @@ import pathlib
 import pytest
 
 from client_sdk import AsyncClient
+from tests.e2e_helpers import RAY_MISSING
 from tests.hf_model_folders import make_llama_folder, write_chat_template
 
 TIERS = ("unit", "models", "fuzz", "e2e")
@@ -44,12 +45,23 @@ async def client(cluster):
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray of 2 CPUs for one module; shut down after it (nothing of Ray idles through the
+    rest of the suite)."""
+    ray = pytest.importorskip("ray", reason=RAY_MISSING)
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """Two Ray nodes simulated on this machine (Ray's own test utility), 2 CPUs each, shared by
-    every Ray test: Ray takes ~30 s to start on 2 cores. Every Ray process ends with the session."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed: the Ray tests need the ray extra "
-                                            "(pip install -e '.[ray]'; .ci/run installs it with the test extra)")
+    """Two Ray nodes simulated on this machine (Ray's own test utility), 2 CPUs each, for one
+    module; every Ray process ends after it."""
+    ray = pytest.importorskip("ray", reason=RAY_MISSING)
     from ray.cluster_utils import Cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:

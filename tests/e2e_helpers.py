@@ -10,6 +10,9 @@ from client_sdk.client import AsyncClient
 # and the ones about the model's outputs through the service take COMPILED_WORKER_ARGS.
 COMPILED_WORKER_ARGS = ["--dtype", "float32", "--kv-cache-gb", "0.05"]
 TEST_WORKER_ARGS = [*COMPILED_WORKER_ARGS, "--enforce-eager"]
+# Why the Ray tests skip where they do.
+RAY_MISSING = ("Ray is not installed: the Ray tests need the ray extra (pip install -e '.[ray]'; .ci/run installs "
+               "it with the test extra)")
 # Workers side by side in one test (replicas, restarts): one thread each.
 ONE_THREAD_WORKER_ARGS = [*TEST_WORKER_ARGS, "--threads", "1"]
 

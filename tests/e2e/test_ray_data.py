@@ -1,4 +1,4 @@
-"""The Ray Data processor (client_sdk/ray_data.py) on a simulated two-node Ray cluster: 10,000
+"""The Ray Data processor (client_sdk/ray_data.py) on a local Ray of 2 CPUs: 10,000
 rows through 2 actors once each, equal to the SDK's greedy outputs; rows of every kind and one
 that fails alone; replica actors (each its own scheduler and worker), one killed mid-job."""
 import os
@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-pytest.importorskip("ray.data", reason="Ray Data is not installed: the Ray tests need the ray extra "
-                                       "(pip install -e '.[ray]')")
+from tests.e2e_helpers import RAY_MISSING
+
+pytest.importorskip("ray.data", reason=RAY_MISSING)
 import ray  # noqa: E402
 
 from client_sdk import LLM, SamplingParams  # noqa: E402
@@ -25,7 +26,7 @@ def _prompt(i: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def llm(ray_cluster, chat_folder):
+def llm(ray_local, chat_folder):
     with LLM(chat_folder, **ENGINE) as llm:
         yield llm
 

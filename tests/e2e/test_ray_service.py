@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is not installed: the Ray tests need the ray extra (pip install -e '.[ray]')")
+from tests.e2e_helpers import RAY_MISSING, free_port
+
+pytest.importorskip("ray", reason=RAY_MISSING)
 
 from client_sdk import AuthenticationError, Client, SamplingParams  # noqa: E402
 from tests.cli_helpers import pids, until_ctrl_c  # noqa: E402
 from protocol.curve import generate_keys  # noqa: E402
-from tests.e2e_helpers import free_port  # noqa: E402
 
 FLAGS = ["--dtype", "float32", "--kv-cache-gb", "0.05", "--enforce-eager", "--data-parallel-size", "2",
          "--frontend", "tcp://127.0.0.1:*", "--worker-address", "tcp://127.0.0.1:*"]
