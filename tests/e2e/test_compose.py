@@ -55,6 +55,8 @@ def test_only_the_frontend_and_gateway_are_published_and_gpu_profile_reserves_nv
         assert services[name]["stop_grace_period"] == "40s"  # longer than the 30 s drain
     assert services["gateway"]["volumes"][1] == "batches:/data/batches" and "batches" in compose["volumes"]
     assert "--batch-dir" in services["gateway"]["command"]
+    scheduler = services["scheduler"]["command"]  # batch work yields to interactive work
+    assert scheduler[scheduler.index("--scheduling-policy") + 1] == "priority"
     assert "ports" not in services["worker"]
     assert all("healthcheck" in services[name] for name in ("scheduler", "worker", "worker-gpu", "gateway"))
     assert "profiles" not in services["worker"]
