@@ -115,19 +115,25 @@ def test_cancel_aborts_what_is_in_flight_and_keeps_what_finished(cluster, tmp_pa
 
 def test_a_gateway_killed_mid_batch_and_restarted_finishes_it_with_each_custom_id_once(cluster, tmp_path):
     batch_dir = str(tmp_path / "batches")
-    url = cluster.start_gateway(["--batch-dir", batch_dir, "--batch-window", "8"])
+    # 4 lines of 16 tokens in flight: the batch runs for seconds, longer than the counts lag.
+    url = cluster.start_gateway(["--batch-dir", batch_dir, "--batch-window", "4"])
     client = openai_client(url)
-    lines, bad = batch_lines(300, bad_every=100, seed=5, urls=(COMPLETIONS,))
+    lines, bad = batch_lines(300, max_tokens=16, bad_every=100, seed=5, urls=(COMPLETIONS,))
     with open(write_lines(str(tmp_path / "in.jsonl"), lines), "rb") as f:
         uploaded = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
-    wait_for(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 0.4 * len(lines))
+    wait_for(client, batch.id, ("completed",), until=lambda b: b.request_counts.completed >= 0.3 * len(lines))
     gateway = cluster.gateways[-1]
     os.kill(gateway.pid, signal.SIGKILL)
     gateway.wait()
     cluster.gateways.remove(gateway)  # gone on purpose: the cluster's liveness checks must not count it
+    # The kill came mid-batch: the record on disk holds some of the lines, not all.
+    with open(os.path.join(batch_dir, "work", batch.id, "output.jsonl"), "rb") as f:
+        recorded = sum(1 for line in f if line.endswith(b"\n"))
+    assert 0.3 * len(lines) <= recorded < len(lines), recorded
     client = openai_client(cluster.start_gateway(["--batch-dir", batch_dir]))
-    assert client.batches.retrieve(batch.id).status == "in_progress"
+    # The new gateway takes the batch up at start and may already have finished it.
+    assert client.batches.retrieve(batch.id).status in ("in_progress", "finalizing", "completed")
     batch = wait_for(client, batch.id, ("completed", "failed"))
     assert batch.status == "completed"
     outputs = outputs_of(client, batch.output_file_id) + outputs_of(client, batch.error_file_id)
@@ -136,7 +142,7 @@ def test_a_gateway_killed_mid_batch_and_restarted_finishes_it_with_each_custom_i
     assert (batch.request_counts.completed, batch.request_counts.failed) == (len(lines) - len(bad), len(bad))
     # Tokens of the lines done before the kill are counted once, from the record.
     answered = outputs_of(client, batch.output_file_id)
-    assert batch.usage.output_tokens == 4 * len(answered)
+    assert batch.usage.output_tokens == 16 * len(answered)
     assert batch.usage.input_tokens == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in answered)
 
 
