@@ -41,7 +41,9 @@ def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     scheduler, worker = cluster_args(args)
-    cluster = LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
+    # On Ray the replicas are placed over the cluster's nodes: as many as asked, one by default.
+    replicas = (args.data_parallel_size or 1) if args.ray else args.data_parallel_size
+    cluster = LocalCluster(args.model, replicas, scheduler_args=scheduler, worker_args=worker,
                            frontend=args.frontend, worker_address=args.worker_address, quiet=False,
                            tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys, announce=True)
     if args.ray:

@@ -8,8 +8,9 @@ from client_sdk.launcher import LocalCluster
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-llama", help="preset name or Hugging Face model folder")
-    p.add_argument("--data-parallel-size", type=int, default=1,
-                   help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name)")
+    p.add_argument("--data-parallel-size", type=int, default=None,
+                   help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name; "
+                        "default: one per core for a small model on a CPU, else 1)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="worker processes per replica")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--load-format", default=None, help="auto | dummy")

@@ -23,6 +23,7 @@ import tempfile
 import time
 import weakref
 
+from client_sdk.default_replicas import default_data_parallel_size, flag_value, runs_on_cpu, threads_per_worker
 from client_sdk.child_processes import spawn, stop_all
 from client_sdk.process_output import follow_stdout, last_error_line, tail, tee_stderr
 from client_sdk.sync_client import Client
@@ -55,16 +56,20 @@ class ProcessExited(RuntimeError):
 
 
 class LocalCluster:
-    def __init__(self, model: str = "tiny-llama", data_parallel_size: int = 1, *, scheduler_args: list[str] = (),
+    def __init__(self, model: str = "tiny-llama", data_parallel_size: int | None = None, *,
+                 scheduler_args: list[str] = (),
                  worker_args: list[str] = (), frontend: str = "tcp://127.0.0.1:*",
                  worker_address: str = "tcp://127.0.0.1:*", quiet: bool = True, tensor_parallel_size: int = 1,
                  curve_keys: str | None = None, announce: bool = False):
-        """data_parallel_size: replicas, each of tensor_parallel_size worker processes;
+        """data_parallel_size: replicas, each of tensor_parallel_size worker processes; None:
+        one per core for a small model on a CPU, else one (default_replicas.py);
         worker_address: where the scheduler listens for them;
         announce: say on stderr what start() is doing (the CLI and LLM do)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model = model
+        if data_parallel_size is None:
+            data_parallel_size = default_data_parallel_size(model, worker_args, tensor_parallel_size)
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
         self.scheduler_args = list(scheduler_args)
@@ -195,9 +200,8 @@ class LocalCluster:
     def add_worker(self, extra_args: list[str] = ()) -> subprocess.Popen:
         args = [*self.worker_args, *extra_args]
         num_procs = self.num_worker_processes
-        if "--threads" not in args and "--device" not in args and num_procs > 1:
-            # CPU workers side by side: split the cores, or their thread pools fight over them.
-            args += ["--threads", str(max(1, (os.cpu_count() or 1) // num_procs))]
+        if num_procs > 1 and runs_on_cpu(args) and not flag_value(args, "--threads"):
+            args += ["--threads", str(threads_per_worker(num_procs))]
         proc = self._popen("worker_svc", ["--scheduler", self.worker_address, "--model", self.model, *args,
                                           *self._curve_args("worker")])
         follow_stdout(proc, echo=not self.quiet, on_status=self._say)

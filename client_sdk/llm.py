@@ -22,7 +22,9 @@ from protocol.sampling import SamplingParams
 class LLM:
     """Starts a scheduler and data_parallel_size replicas of tensor_parallel_size worker
     processes each for `model` (a preset name or a Hugging Face model folder), and serves
-    `generate` and `chat` from them until `close()` (or the end of a `with`).
+    `generate` and `chat` from them until `close()` (or the end of a `with`). Unlike vLLM's,
+    data_parallel_size defaults to one replica per core for a small model on a CPU
+    (default_replicas.py says why), else 1.
 
     seed: like vLLM's, makes sampling reproducible run to run: each request without a seed
     of its own gets one drawn from it.
@@ -34,7 +36,7 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny-llama", *,
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, dtype: str | None = None,
+                 tensor_parallel_size: int = 1, data_parallel_size: int | None = None, dtype: str | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
                  load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,

@@ -22,6 +22,7 @@ import time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from client_sdk.default_replicas import flag_value, runs_on_cpu
 from client_sdk.launcher import LocalCluster, ProcessExited, model_line
 from client_sdk.sync_client import Client
 
@@ -175,10 +176,10 @@ class RayCluster:
         return remote.remote(role, self.model, options, self.key_files)
 
     def _on_cuda(self) -> bool:
-        return any(a.startswith("cuda") for a in self.spec.worker_args)
+        return not runs_on_cpu(self.spec.worker_args)
 
     def _thread_args(self) -> list[str]:
-        if "--threads" in self.spec.worker_args or self._on_cuda() or self.num_cpus_per_worker < 1:
+        if flag_value(self.spec.worker_args, "--threads") or self._on_cuda() or self.num_cpus_per_worker < 1:
             return []
         return ["--threads", str(int(self.num_cpus_per_worker))]
 

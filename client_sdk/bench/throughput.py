@@ -49,8 +49,7 @@ def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int,
 
 
 async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
-    num_workers = args.data_parallel_size * args.tensor_parallel_size if args.address is None else 1
-    await client.wait_for_workers(num_workers, timeout_s=600)
+    await client.wait_for_workers(1, timeout_s=600)  # a local cluster's start waited for all
     info = await client.model_info()
     avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
     prefix_len = args.prefix_len
@@ -79,6 +78,7 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
         "prefix_len": prefix_len,
         "output_len": args.output_len,
         "workers": health.num_workers,
+        "replicas": len(health.replicas),
         "window": args.window,
         "elapsed_s": round(elapsed, 3),
         "requests_per_second": round(args.num_prompts / elapsed, 2),
