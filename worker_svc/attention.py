@@ -8,12 +8,14 @@ runner orders a step's sequences decodes first, so the token axis of a forward i
 and one AttentionMetadata per step, built in numpy and shared by every attention layer, says
 where each part lies:
 - decodes run a paged kernel whose cost follows each sequence's own context length (no gather,
-  no padding, no mask): C++ on CPU (decode_kernel.py), Triton on CUDA (triton_decode.py); plain
-  torch where neither is available (gather the blocks, mask past each context, SDPA);
+  no padding, no mask): C++ on CPU (decode_kernel.py; the same call stores the step's K/V, so a
+  layer's write and decode are one native call), Triton on CUDA (triton_decode.py); plain torch
+  where neither is available (gather the blocks, mask past each context, SDPA);
 - prefills run scaled_dot_product_attention over a padded [B, Q] layout: causal over this step's
   own K/V when every prefill starts at token 0, otherwise over K/V read from the cache under a
   mask that is causal in absolute positions (a later chunk sees the earlier chunks' KV);
-- padding tokens write their K/V to a scratch slot no request owns, and get zeros.
+- padding tokens write their K/V to a scratch slot no request owns (the C++ call skips them:
+  nothing reads that slot), and get zeros.
 
 Models call `attention(q, k, v, layer_index, scale, sliding_window, softcap)`, a custom op: a
 compiled graph calls it as one opaque op, and it reads the step's metadata and the layer's cache
@@ -140,14 +142,21 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     """q: [T, H, D], k/v: [T, Hkv, D] (this step's tokens) -> out [T, H * D].
 
     The new K/V are written first, so decodes and resumed prefills read their whole context
-    from the cache."""
-    write_kv(kv_cache, meta.slot_mapping, k, v)
+    from the cache. On CPU one C++ call writes them and runs the decodes (decode_kernel.py)."""
     num_tokens, num_heads, head_dim = q.shape
     out = q.new_empty(num_tokens, num_heads, head_dim)
-    out[meta.num_tokens:] = 0  # padding
-    num_decode = meta.num_decode_tokens
-    if num_decode:
-        _decode(out[:num_decode], q[:num_decode], kv_cache, meta, scale, sliding_window, softcap)
+    if q.device.type == "cpu" and (module := decode_kernel.load()) is not None:
+        # stores the real tokens' K/V (not the padding's), attends the decodes, zeros the padding
+        q_rows, k_rows, v_rows = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        module.write_kv_and_decode(out, q_rows, k_rows, v_rows, kv_cache[0], kv_cache[1], meta.slot_mapping,
+                                   meta.num_tokens, meta.decode_block_tables, meta.decode_context_lens, scale,
+                                   sliding_window or 0, softcap or 0.0)
+    else:
+        write_kv(kv_cache, meta.slot_mapping, k, v)
+        out[meta.num_tokens:] = 0  # padding
+        if meta.num_decode_tokens:
+            _decode(out[:meta.num_decode_tokens], q[:meta.num_decode_tokens], kv_cache, meta, scale,
+                    sliding_window, softcap)
     prefill = meta.prefill
     if prefill is not None:
         span = slice(prefill.start, prefill.start + prefill.num_tokens)
@@ -157,7 +166,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
 
 def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: int | None,
             softcap: float | None) -> None:
-    kernel = _decode_kernel(q.device)
+    """Decodes off the CPU kernel's path: the Triton kernel on CUDA, else plain torch."""
+    kernel = triton_decode.load() if q.device.type == "cuda" else None
     if kernel is not None:
         q = q if q.stride(-1) == 1 else q.contiguous()
         kernel(out, q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens,
@@ -170,14 +180,6 @@ def _decode(out, q, kv_cache, meta: AttentionMetadata, scale: float, sliding_win
     if sliding_window is not None:
         mask &= key_pos[None, :] >= context_lens - sliding_window
     out.copy_(_attend(q[:, :, None, :], keys, values, mask[:, None, None, :], scale, softcap)[:, :, 0, :])
-
-
-def _decode_kernel(device: torch.device):
-    """The paged decode kernel for this device (C++ on CPU, Triton on CUDA), or None."""
-    if device.type == "cpu":
-        kernel = decode_kernel.load()
-        return None if kernel is None else kernel.paged_decode_attention
-    return triton_decode.load() if device.type == "cuda" else None
 
 
 def _prefill(q, k, v, kv_cache, meta: PrefillMetadata, scale: float, sliding_window: int | None,
@@ -238,8 +240,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_index: in
               sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]; writes this step's K/V into the layer's
     cache (the forward context's caches.kv[layer_index]), which the op owns: no other op reads
-    or writes it, so the compiler may treat the op as pure. sliding_window, softcap: the
-    layer's options (module docstring)."""
+    or writes it, so the compiler may treat the op as pure. The cache is no argument, so there
+    is nothing for mutates_args to name; inductor can neither drop a call (its output is always
+    used) nor merge two (each layer's layer_index differs), and the write happens inside the
+    call, before its reads. sliding_window, softcap: the layer's options (module docstring)."""
     context = get_forward_context()
     return paged_attention(q, k, v, context.caches.kv[layer_index], context.attn_metadata, scale,
                            sliding_window, softcap)

@@ -1,4 +1,5 @@
-"""The C++ paged decode attention kernel (csrc/paged_decode_attention.cpp), built on first use.
+"""The C++ step kernel of the CPU attention (csrc/paged_decode_attention.cpp: a layer's K/V write
+and its paged decode attention in one call), built on first use.
 
 Built with torch.utils.cpp_extension into the compile cache, so later starts only load it.
 The build is tuned for this CPU (-march=native), so its name carries a digest of the source and
@@ -30,7 +31,7 @@ def _cpu_flags() -> str:
 
 
 def load() -> object | None:
-    """The extension module (its `paged_decode_attention`), or None where it does not build."""
+    """The extension module (its `write_kv_and_decode`), or None where it does not build."""
     global _module, _tried
     if _tried:
         return _module

@@ -1,5 +1,6 @@
 """Paged decode attention on CUDA: a Triton kernel over the block tables, the C++ CPU kernel's
-counterpart (csrc/paged_decode_attention.cpp, same arguments and options).
+counterpart (csrc/paged_decode_attention.cpp, same options; on CUDA the K/V write stays
+attention.write_kv's index_copy_).
 
 One program per (decode token, query head) walks its sequence's blocks up to its own context
 length with an online softmax in float32: nothing gathered, padded or masked past the context,
