@@ -103,7 +103,8 @@ class LogitsProcessors:
         self.output_counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=device)
         self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
 
-    def add(self, row: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> None:
+    def add(self, row: int, params: SamplingParams, token_ids: list[int], num_prompt: int) -> None:
+        """token_ids: the request's prompt, then what it generated before (a recompute)."""
         if params.allowed_token_ids is not None:
             self.allowed[row] = torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=self.device)
         if params.logit_bias:
@@ -118,17 +119,21 @@ class LogitsProcessors:
             self.slot_of[row] = slot
             self.penalty_params[slot] = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
             self.prompt_mask[slot] = False
-            self.prompt_mask[slot, torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
+            self.prompt_mask[slot, torch.tensor(token_ids[:num_prompt], dtype=torch.int64, device=self.device)] = True
             self.output_counts[slot] = torch.bincount(
-                torch.tensor(output_ids, dtype=torch.int64, device=self.device), minlength=self.vocab_size).to(torch.int32)
+                torch.tensor(token_ids[num_prompt:], dtype=torch.int64, device=self.device),
+                minlength=self.vocab_size).to(torch.int32)
 
-    def remove(self, row: int) -> None:
-        self.allowed.pop(row, None)
-        self.bias.pop(row, None)
-        self.bad_words.pop(row, None)
-        slot = self.slot_of.pop(row, None)
-        if slot is not None:
-            self._free_slots.append(slot)
+    def remove(self, rows: list[int]) -> None:
+        if self.is_empty:
+            return
+        for row in rows:
+            self.allowed.pop(row, None)
+            self.bias.pop(row, None)
+            self.bad_words.pop(row, None)
+            slot = self.slot_of.pop(row, None)
+            if slot is not None:
+                self._free_slots.append(slot)
 
     def _take_slot(self) -> int:
         if not self._free_slots:

@@ -4,6 +4,7 @@ Rows make a step's input preparation a few vectorised gathers over the scheduled
 grow by doubling when more requests are held than rows exist; rows are reused via a free list.
 """
 from dataclasses import dataclass
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -78,58 +79,86 @@ class RequestTable:
         self.num_rows = num_rows
 
     # ---- membership ----------------------------------------------------------------------
+    # A plan registers, frees and extends requests by the hundred: each is one call over all of
+    # them, numpy scatters of the plan's lists rather than a Python loop of numpy scalar writes.
+    # Only what few requests ask for (logprobs, min_tokens, penalties, grammars) is per request.
 
-    def add(self, new: NewRequestData) -> int:
-        assert new.request_id not in self.row_of, f"{new.request_id} is already held"
-        num_tokens = len(new.token_ids)
-        if num_tokens > self.max_model_len:
-            raise ValueError(f"{new.request_id}: {num_tokens} tokens > max_model_len {self.max_model_len}")
-        if not self._free_rows:
+    def add(self, news: list[NewRequestData]) -> np.ndarray:
+        """Registers requests the table does not hold: their rows, in order. All or none."""
+        count = len(news)
+        if not count:
+            return np.zeros(0, dtype=np.int64)
+        ids = [new.request_id for new in news]
+        assert not any(map(self.row_of.__contains__, ids)), "a request is already held"
+        token_lists = [new.token_ids for new in news]
+        num_tokens = np.fromiter(map(len, token_lists), np.int64, count)
+        if num_tokens.max() > self.max_model_len:
+            i = int(num_tokens.argmax())
+            raise ValueError(f"{ids[i]}: {num_tokens[i]} tokens > max_model_len {self.max_model_len}")
+        while len(self._free_rows) < count:
             self._grow(2 * self.num_rows)
-        row = self._free_rows.pop()
-        self.row_of[new.request_id] = row
-        self.token_ids[row, :num_tokens] = new.token_ids
-        self.num_tokens[row] = num_tokens
-        self.num_computed[row] = new.num_computed_tokens
-        self.num_prompt[row] = new.num_prompt_tokens
-        self.num_blocks[row] = 0
-        self.append_blocks(row, new.block_ids)
-        p = new.params
-        self.temperature[row] = p.temperature
-        self.top_k[row] = max(p.top_k, 0)
-        self.top_p[row], self.min_p[row] = p.top_p, p.min_p
-        self.seed[row] = -1 if p.seed is None else p.seed
-        self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
-        self.num_prompt_logprobs[row] = -1 if p.prompt_logprobs is None else p.prompt_logprobs
-        if p.prompt_logprobs is not None:
-            self.scoring_rows.add(row)
-        self.min_tokens[row] = p.min_tokens
-        if p.min_tokens:
-            self.stop_ids[row] = list(p.stop_token_ids or ()) + ([] if p.ignore_eos else self.eos_token_ids)
+        row_list = self._free_rows[:-count - 1:-1]  # taken from the end, as pop() would
+        del self._free_rows[len(self._free_rows) - count:]
+        rows = np.array(row_list, dtype=np.int64)
+        self.row_of.update(zip(ids, row_list))
         try:
-            num_prompt = new.num_prompt_tokens
-            self.logits_processors.add(row, p, new.token_ids[:num_prompt], new.token_ids[num_prompt:])
-            self.structured_outputs.add(row, p.structured_outputs, new.token_ids[num_prompt:])
+            self.token_ids[np.repeat(rows, num_tokens), _ragged_arange(num_tokens)] = np.fromiter(
+                chain.from_iterable(token_lists), np.int64, int(num_tokens.sum()))
+            self.num_tokens[rows] = num_tokens
+            self.num_computed[rows] = [new.num_computed_tokens for new in news]
+            self.num_prompt[rows] = [new.num_prompt_tokens for new in news]
+            self.num_blocks[rows] = 0
+            self.append_blocks(rows, [new.block_ids for new in news])
+            params = [new.params for new in news]
+            self.temperature[rows] = [p.temperature for p in params]
+            self.top_k[rows] = [max(p.top_k, 0) for p in params]
+            self.top_p[rows] = [p.top_p for p in params]
+            self.min_p[rows] = [p.min_p for p in params]
+            self.seed[rows] = [-1 if p.seed is None else p.seed for p in params]
+            self.num_logprobs[rows] = [-1 if p.logprobs is None else p.logprobs for p in params]
+            self.num_prompt_logprobs[rows] = [-1 if p.prompt_logprobs is None else p.prompt_logprobs for p in params]
+            self.min_tokens[rows] = [p.min_tokens for p in params]
+            for row, new in zip(row_list, news):
+                p = new.params
+                if p.prompt_logprobs is not None:
+                    self.scoring_rows.add(row)
+                if p.min_tokens:
+                    self.stop_ids[row] = list(p.stop_token_ids or ()) + ([] if p.ignore_eos else self.eos_token_ids)
+                self.logits_processors.add(row, p, new.token_ids, new.num_prompt_tokens)
+                self.structured_outputs.add(row, p.structured_outputs, new.token_ids, new.num_prompt_tokens)
         except Exception:
-            self.remove(new.request_id)
+            self.remove(ids)
             raise
-        return row
+        return rows
 
-    def remove(self, request_id: str) -> None:
-        row = self.row_of.pop(request_id, None)
-        if row is not None:
-            self.stop_ids.pop(row, None)
-            self.scoring_rows.discard(row)
-            self.logits_processors.remove(row)
-            self.structured_outputs.remove(row)
-            self._free_rows.append(row)
+    def rows_of(self, request_ids) -> np.ndarray:
+        """The rows of held requests (KeyError for one not held)."""
+        return np.fromiter(map(self.row_of.__getitem__, request_ids), np.int64)
 
-    def append_blocks(self, row: int, block_ids: list[int]) -> None:
-        start = int(self.num_blocks[row])
-        if start + len(block_ids) > self.max_blocks:
+    def remove(self, request_ids) -> None:
+        """Forgets these requests; ids not held are ignored."""
+        rows = [row for row in map(self.row_of.pop, request_ids, repeat(None)) if row is not None]
+        if not rows:
+            return
+        if self.stop_ids:
+            for row in rows:
+                self.stop_ids.pop(row, None)
+        self.scoring_rows.difference_update(rows)
+        self.logits_processors.remove(rows)
+        self.structured_outputs.remove(rows)
+        self._free_rows += rows
+
+    def append_blocks(self, rows: np.ndarray, block_lists: list[list[int]]) -> None:
+        """Appends block_lists[i] to the block table of rows[i] (distinct rows)."""
+        counts = np.fromiter(map(len, block_lists), np.int64, len(block_lists))
+        if not counts.any():
+            return
+        start = self.num_blocks[rows]
+        if (start + counts > self.max_blocks).any():
             raise ValueError(f"more than {self.max_blocks} blocks for one request")
-        self.block_table[row, start:start + len(block_ids)] = block_ids
-        self.num_blocks[row] = start + len(block_ids)
+        self.block_table[np.repeat(rows, counts), np.repeat(start, counts) + _ragged_arange(counts)] = np.fromiter(
+            chain.from_iterable(block_lists), np.int64, int(counts.sum()))
+        self.num_blocks[rows] = start + counts
 
     @property
     def num_requests(self) -> int:
@@ -197,3 +226,9 @@ class RequestTable:
         self.num_tokens[sampled_rows] += 1
         self.logits_processors.on_sampled(sampled_rows, tokens)
         self.structured_outputs.on_sampled(sampled_rows, tokens)
+
+
+def _ragged_arange(lengths: np.ndarray) -> np.ndarray:
+    """0..lengths[0]-1, 0..lengths[1]-1, ... concatenated."""
+    ends = np.cumsum(lengths)
+    return np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - lengths, lengths)

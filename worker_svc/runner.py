@@ -19,6 +19,8 @@ request tables; what stands alone lives beside it (request_table.py, logits_proc
 structured_outputs.py, prompt_logprobs.py, sampler.py, model_executor.py).
 """
 import logging
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -43,6 +45,8 @@ from worker_svc.state_slots import StateSlotPool
 from worker_svc.structured_outputs import StructuredOutputs
 
 log = logging.getLogger(__name__)
+_request_id, _new_block_ids = attrgetter("request_id"), attrgetter("new_block_ids")
+_num_new_tokens = attrgetter("num_new_tokens")
 _GiB = 1 << 30
 
 
@@ -148,31 +152,29 @@ class ModelRunner:
                               error=f"{type(exc).__name__}: {exc}")
 
     def _execute(self, plan: StepPlan) -> StepResult:
-        for request_id in (*plan.finished_ids, *plan.preempted_ids):
-            self._free(request_id)
+        if plan.finished_ids or plan.preempted_ids:
+            self._free([*plan.finished_ids, *plan.preempted_ids])
         kv_cache.swap_blocks(self.caches.kv, self.cpu_kv, plan.blocks_to_swap_out)
         kv_cache.swap_blocks(self.cpu_kv, self.caches.kv, plan.blocks_to_swap_in)
         kv_cache.swap_blocks(self.caches.kv, self.caches.kv, plan.blocks_to_copy)
-        rows, query_lens = [], []
-        for new in plan.new_requests:
-            if self.spec.has_state and new.num_computed_tokens > 0:
-                # Swap moves KV blocks, not Mamba state: state models must be preempted by recompute.
-                raise ValueError(f"{new.request_id} resumes at token {new.num_computed_tokens}, "
-                                 "but a state model's requests can only restart from zero")
-            self._free(new.request_id)  # a resumed request replaces whatever we held
-            rows.append(self.requests.add(new))
-            query_lens.append(new.num_new_tokens)
-            if self.spec.has_state:
-                self._take_state_slot(new.request_id, rows[-1])
-        for running in plan.running_requests:
-            row = self.requests.row_of[running.request_id]
-            if running.new_block_ids:
-                self.requests.append_blocks(row, running.new_block_ids)
-            rows.append(row)
-            query_lens.append(running.num_new_tokens)
-        if not rows:
+        news, running = plan.new_requests, plan.running_requests
+        if not news and not running:
             return StepResult(step_id=plan.step_id, sampled_token_ids=[])
-        return self._run(plan.step_id, np.array(rows), np.array(query_lens, dtype=np.int64))
+        if self.spec.has_state and any(new.num_computed_tokens > 0 for new in news):
+            # Swap moves KV blocks, not Mamba state: state models must be preempted by recompute.
+            resumed = next(new for new in news if new.num_computed_tokens > 0)
+            raise ValueError(f"{resumed.request_id} resumes at token {resumed.num_computed_tokens}, "
+                             "but a state model's requests can only restart from zero")
+        if news:
+            self._free([new.request_id for new in news])  # a resumed request replaces whatever we held
+        new_rows = self.requests.add(news)
+        if self.spec.has_state:
+            for new, row in zip(news, new_rows.tolist()):
+                self._take_state_slot(new.request_id, row)
+        running_rows = self.requests.rows_of(map(_request_id, running))
+        self.requests.append_blocks(running_rows, list(map(_new_block_ids, running)))
+        query_lens = np.fromiter(map(_num_new_tokens, chain(news, running)), np.int64, len(news) + len(running))
+        return self._run(plan.step_id, np.concatenate([new_rows, running_rows]), query_lens)
 
     def _run(self, step_id: int, rows: np.ndarray, query_lens: np.ndarray) -> StepResult:
         """rows, query_lens in plan order; the step runs decodes first, results in plan order."""
@@ -289,10 +291,11 @@ class ModelRunner:
 
     # ---- request state ----------------------------------------------------------------------
 
-    def _free(self, request_id: str) -> None:
-        self.requests.remove(request_id)
+    def _free(self, request_ids: list[str]) -> None:
+        self.requests.remove(request_ids)
         if self.spec.has_state:
-            self.state_slots.free(request_id)
+            for request_id in request_ids:
+                self.state_slots.free(request_id)
 
     def _take_state_slot(self, request_id: str, row: int) -> None:
         slot = self.state_slots.allocate(request_id)

@@ -90,12 +90,15 @@ class StructuredOutputs:
 
     # ---- membership ------------------------------------------------------------------------
 
-    def add(self, row: int, params: StructuredOutputsParams | None, output_ids: list[int]) -> None:
+    def add(self, row: int, params: StructuredOutputsParams | None, token_ids: list[int], num_prompt: int) -> None:
+        """token_ids: the request's prompt, then what it generated before (a recompute)."""
         if params is not None:
-            self.rows[row] = _Row(self._compiled(params), list(output_ids))
+            self.rows[row] = _Row(self._compiled(params), token_ids[num_prompt:])
 
-    def remove(self, row: int) -> None:
-        self.rows.pop(row, None)
+    def remove(self, rows: list[int]) -> None:
+        if self.rows:
+            for row in rows:
+                self.rows.pop(row, None)
 
     def _compiled(self, params: StructuredOutputsParams) -> Future:
         key = msgspec.json.encode(params, order="sorted")
