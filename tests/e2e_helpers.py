@@ -29,6 +29,15 @@ async def wait_until_idle(client: AsyncClient, timeout_s: float = 30.0):
         await asyncio.sleep(0.05)
 
 
+async def wait_for_waiting(client: AsyncClient, num_waiting: int, timeout_s: float = 60.0):
+    """Health once the scheduler holds at least num_waiting waiting requests (sent by another
+    task, or by another socket, whose arrival no reply marks)."""
+    async with asyncio.timeout(timeout_s):
+        while (health := await client.health()).num_waiting < num_waiting:
+            await asyncio.sleep(0.02)
+    return health
+
+
 def hf_greedy(folder: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuations from Hugging Face transformers, the outside reference."""
     import torch

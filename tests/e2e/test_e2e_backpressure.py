@@ -19,7 +19,7 @@ from protocol import ErrorCode, PROTOCOL_VERSION
 from protocol.client_messages import ErrorReply, Generate, GenerateRequest
 from protocol.codec import encode
 from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUESTS_PER_MESSAGE
-from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS
+from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, wait_for_waiting
 from tests.raw_client import RawClient
 
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
@@ -27,11 +27,6 @@ PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
 
 def generate(ids: list[str], prompt_len: int = 16) -> Generate:
     return Generate([GenerateRequest(rid, [5 + i % 900 for i in range(prompt_len)], PARAMS) for rid in ids])
-
-
-async def wait_for_waiting(client: AsyncClient, num_waiting: int) -> None:
-    while (await client.health()).num_waiting < num_waiting:
-        await asyncio.sleep(0.05)
 
 
 async def test_past_the_limit_each_request_is_refused_at_once_and_a_waiting_one_costs_under_1000_bytes():

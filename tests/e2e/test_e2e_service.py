@@ -10,7 +10,8 @@ from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode
 from protocol.client_messages import ErrorReply, Generate, GenerateRequest, HealthQuery, RequestOutputs
 from protocol.codec import encode, scheduler_to_client_decoder
-from tests.e2e_helpers import COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, random_prompts, wait_until_idle
+from tests.e2e_helpers import (COMPILED_WORKER_ARGS, TEST_WORKER_ARGS, hf_greedy, random_prompts, wait_for_waiting,
+                               wait_until_idle)
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 
@@ -122,29 +123,32 @@ async def test_bad_frames_and_params_get_errors_and_service_keeps_serving(cluste
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
-async def test_duplicate_live_id_is_refused(cluster, client):
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=300)
-    first = asyncio.ensure_future(client.generate([5, 6], params, request_id="same-id"))
-    await asyncio.sleep(0.2)
-    async with AsyncClient(cluster.address) as other:
-        with pytest.raises(RequestError) as err:
-            await other.generate([5, 6], GREEDY, request_id="same-id")
-    assert err.value.code == ErrorCode.DUPLICATE_ID
-    with pytest.raises(ValueError):  # the same client: refused before it reaches the server
-        await client.generate([5, 6], GREEDY, request_id="same-id")
-    await client.abort("same-id")
-    assert (await first).outputs[0].finish_reason == "abort"
-    again = await client.generate([5, 6], GREEDY, request_id="same-id")  # resubmitted after abort
-    assert again.outputs[0].finish_reason == "length"
+async def test_duplicate_live_id_is_refused(llama_folder):
+    # No worker: the first request stays live (waiting) for as long as the test needs, however
+    # fast the machine; with one, a request of 300 tokens could end before the duplicate arrives.
+    with LocalCluster(llama_folder, 0, worker_args=TEST_WORKER_ARGS) as cluster:
+        async with AsyncClient(cluster.address, timeout_s=30) as client, AsyncClient(cluster.address) as other:
+            first = asyncio.ensure_future(client.generate([5, 6], GREEDY, request_id="same-id"))
+            await wait_for_waiting(client, 1)
+            with pytest.raises(RequestError) as err:
+                await other.generate([5, 6], GREEDY, request_id="same-id")
+            assert err.value.code == ErrorCode.DUPLICATE_ID
+            with pytest.raises(ValueError):  # the same client: refused before it reaches the server
+                await client.generate([5, 6], GREEDY, request_id="same-id")
+            await client.abort("same-id")
+            assert (await first).outputs[0].finish_reason == "abort"
+            again = asyncio.ensure_future(client.generate([5, 6], GREEDY, request_id="same-id"))  # after abort
+            await wait_for_waiting(client, 1)  # taken, not refused (the aborted first no longer waits)
+            await client.abort("same-id")
+            assert (await again).outputs[0].finish_reason == "abort"
 
 
 async def test_requests_sent_before_any_worker_complete_once_one_joins(llama_folder):
     with LocalCluster(llama_folder, 0, worker_args=TEST_WORKER_ARGS) as cluster:
         async with AsyncClient(cluster.address, timeout_s=60) as client:
             pending = asyncio.ensure_future(client.generate_batch([[5, 6, 7]] * 10, GREEDY))
-            await asyncio.sleep(0.3)
-            health = await client.health()
-            assert health.num_workers == 0 and health.num_waiting == 10
+            health = await wait_for_waiting(client, 10)
+            assert health.num_workers == 0
             cluster.add_worker()
             outputs = await asyncio.wait_for(pending, 120)
             assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outputs)
