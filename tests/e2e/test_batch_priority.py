@@ -9,7 +9,10 @@ from client_sdk.launcher import LocalCluster
 from protocol.client_messages import BATCH_PRIORITY
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 
-LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=24)
+# Long enough that the running batch requests, a few steps in when the queues fill up, cannot
+# finish in the interactive one's ~6 steps, even when this client polls ~40 steps late (a stall
+# of a loaded host); at 24, a stall of ~18 steps would let a batch request finish first by right.
+LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=48)
 SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)
 
 
