@@ -58,7 +58,10 @@ async def test_authorized_peers_are_served_and_strangers_refused_within_seconds(
                     started = time.monotonic()
                     with pytest.raises(AuthenticationError) as err:
                         await refused.generate([5, 6, 7], PARAMS)
-                    assert time.monotonic() - started < 5
+                    # Refused without a timeout of its own would be never: a bound of seconds
+                    # tells the two apart, and 15 leaves room for the stranger worker loading its
+                    # model on the same 2 loaded cores (5.1 s has been seen there).
+                    assert time.monotonic() - started < 15
                     with pytest.raises(AuthenticationError):  # and at once from then on
                         await refused.health()
                 print(f"refused client ({way}) in {time.monotonic() - started:.1f} s: {err.value}")
