@@ -127,7 +127,9 @@ async def test_duplicate_live_id_is_refused(llama_folder):
     # No worker: the first request stays live (waiting) for as long as the test needs, however
     # fast the machine; with one, a request of 300 tokens could end before the duplicate arrives.
     with LocalCluster(llama_folder, 0, worker_args=TEST_WORKER_ARGS) as cluster:
-        async with AsyncClient(cluster.address, timeout_s=30) as client, AsyncClient(cluster.address) as other:
+        # other's timeout: a duplicate wrongly taken would wait for a worker forever.
+        async with AsyncClient(cluster.address, timeout_s=30) as client, \
+                AsyncClient(cluster.address, request_timeout_s=10) as other:
             first = asyncio.ensure_future(client.generate([5, 6], GREEDY, request_id="same-id"))
             await wait_for_waiting(client, 1)
             with pytest.raises(RequestError) as err:
