@@ -33,12 +33,13 @@ def test_write_and_decode_equals_index_copy_then_torch_decode(num_heads, num_kv_
     lens = torch.randint(1, 6 * block_size, (num_decode,), generator=generator)
     lens[:3] = torch.tensor([1, block_size, block_size + 1])
     max_blocks = -(-int(lens.max()) // block_size) + 2  # wider than any context
-    num_blocks = num_decode * max_blocks + 1
-    order = torch.randperm(num_blocks - 1, generator=generator)  # the last block: prefill and scratch
+    spare_blocks = -(-(num_prefill + num_padding) // block_size)  # prefill and scratch slots: distinct
+    num_blocks = num_decode * max_blocks + spare_blocks
+    order = torch.randperm(num_blocks - spare_blocks, generator=generator)
     tables = order[:num_decode * max_blocks].view(num_decode, max_blocks).contiguous()
     last = lens - 1
     decode_slots = tables[torch.arange(num_decode), last // block_size] * block_size + last % block_size
-    other_slots = (num_blocks - 1) * block_size + torch.arange(num_prefill + num_padding) % block_size
+    other_slots = (num_blocks - spare_blocks) * block_size + torch.arange(num_prefill + num_padding)
     slots = torch.cat([decode_slots, other_slots])
     num_tokens = num_decode + num_prefill + num_padding
     fused = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * 2, head_dim, generator=generator).to(dtype)
