@@ -20,6 +20,8 @@ SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
 LONG = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=300)
 # Far beyond any gap a closed connection explains, so a gap of seconds still tells the two apart.
 WORKER_TIMEOUT_S = 60.0
+# A killed worker noticed at once: well under a second on a quiet host, seconds on a loaded one.
+NOTICED_WITHIN_S = WORKER_TIMEOUT_S / 6
 
 
 async def test_a_killed_scheduler_restarts_and_its_worker_and_clients_carry_on():
@@ -78,12 +80,14 @@ async def test_a_request_times_out_when_no_scheduler_answers():
 
 
 async def kill_and_wait(client: AsyncClient, proc) -> None:
-    """SIGKILL, then wait until the scheduler has dropped it."""
+    """SIGKILL, then wait until the scheduler has dropped it: at once, by its closed connection,
+    not after --worker-timeout (checked here, wherever the killed worker's requests were)."""
     num_workers = (await client.health()).num_workers
     proc.kill()
     proc.wait()
-    while (await client.health()).num_workers == num_workers:
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(NOTICED_WITHIN_S):
+        while (await client.health()).num_workers == num_workers:
+            await asyncio.sleep(0.01)
 
 
 async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_the_priority_policy():
@@ -129,7 +133,7 @@ async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_th
             while (await client.health()).num_finished < finished_at_start + 200:
                 await asyncio.sleep(0.02)
             assert not any(s.done() for s in streams)
-            os.kill(next(p for p in cluster.worker_procs if p.poll() is None).pid, signal.SIGKILL)
+            await kill_and_wait(client, next(p for p in cluster.worker_procs if p.poll() is None))
             outputs = [await asyncio.wait_for(b, 120) for b in batches]
             for i, part in enumerate(outputs):
                 assert [o.outputs[0].token_ids for o in part] == reference[i::3]
@@ -141,6 +145,6 @@ async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_th
             print(f"longest stream gap after a worker's SIGKILL: {max(gaps):.3f} s")
             # Noticed at once is well under a second on a quiet host; a loaded 2-core one has
             # shown gaps of 2 s (every step slower, the client busy with 1,500 outputs).
-            assert max(gaps) < WORKER_TIMEOUT_S / 6
+            assert max(gaps) < NOTICED_WITHIN_S  # telling only where the streams ran on the killed worker
             health = await wait_until_idle(client)
             assert health.num_workers == 1 and health.num_free_blocks == health.num_total_blocks
