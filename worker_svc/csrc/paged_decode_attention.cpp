@@ -21,9 +21,9 @@
 //
 // Short contexts (tens of keys: small models, short requests) are where the fixed costs per
 // token showed, so: scratch buffers live per thread across calls, keys are walked block by
-// block (no division per key), where the CPU has AVX-512 and head_dim is a multiple of 16 each
-// query head's dot products and output accumulators stay in registers (bfloat16 widened in
-// them), the softmax's exponentials run vectorised (a polynomial exp, below), and a step too
+// block (no division per key), where the CPU has AVX-512 or AVX2 and head_dim is a multiple of
+// the lanes (16 or 8) each query head's dot products and output accumulators stay in registers
+// (bfloat16 and float16 widened in them), the softmax's exponentials run vectorised (a polynomial exp, below), and a step too
 // small to share runs on the calling thread without an OpenMP region (micro-llama's worker has
 // one thread, where the region was pure overhead; with several threads a small step would pay
 // the fork and join for microseconds of work). Measured on a 2-vCPU AMD EPYC (avx512), one
@@ -31,11 +31,13 @@
 // 280-317 -> 80 us per layer in float32 (the K/V write included), 369-437 -> 92-100 us in
 // bfloat16 (two runs each, alternating).
 //
-// Over 300 lines: one kernel, with its generic loops (any CPU, any head_dim) beside the AVX-512
+// Over 300 lines: one kernel, with its generic loops (any CPU, any head_dim) beside the vector
 // ones that must give the same result; tests/models/test_decode_kernel.py checks both.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -87,27 +89,63 @@ inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
+// The vector path (AVX-512, or AVX2 with FMA and F16C; head_dim a multiple of the lanes): one
+// query head at a time against its keys, its partial dot products and its output accumulators
+// in registers. The generic loops below reduce each dot product through memory lane by lane
+// and keep the accumulators in memory, which was most of a short context's time.
 #if defined(__AVX512F__)
-// The AVX-512 path (head_dim a multiple of 16): one query head at a time against its keys, its
-// partial dot products and its output accumulators in registers. The generic loops below it
-// reduce each dot product through memory lane by lane and keep the accumulators in memory,
-// which was most of a short context's time.
+#define STEPSERVE_SIMD 1
+struct Simd {
+  static constexpr int kLanes = 16;
+  using Reg = __m512;
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load(const c10::BFloat16* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  static Reg load(const c10::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Reg load(const double*) { return zero(); }  // never called: float64 is not vectorised
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static void store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
+  static float sum(Reg x) { return _mm512_reduce_add_ps(x); }
+};
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define STEPSERVE_SIMD 1
+struct Simd {
+  static constexpr int kLanes = 8;
+  using Reg = __m256;
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg set1(float x) { return _mm256_set1_ps(x); }
+  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load(const c10::BFloat16* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static Reg load(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static Reg load(const double*) { return zero(); }  // never called: float64 is not vectorised
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  static void store(float* p, Reg x) { _mm256_storeu_ps(p, x); }
+  static float sum(Reg x) {
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    __m128 odd = _mm_movehdup_ps(half);
+    half = _mm_add_ps(half, odd);
+    return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehl_ps(odd, half)));
+  }
+};
+#endif
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16(const double*) { return _mm512_setzero_ps(); }  // never called: not vectorised
-
+#ifdef STEPSERVE_SIMD
 template <typename scalar_t>
 constexpr bool kVectorised = !std::is_same_v<scalar_t, double>;
+constexpr int kLanes = Simd::kLanes;
 #else
 template <typename scalar_t>
 constexpr bool kVectorised = false;
+constexpr int kLanes = 1;
 #endif
 
 struct Scratch {  // one per thread, grown as needed, kept across calls
@@ -145,9 +183,9 @@ struct DecodeStep {
 #pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) dst[d] = to_float(src[d]) * scale;
     }
-    const bool vectorised = kVectorised<scalar_t> && head_dim % 16 == 0;
+    const bool vectorised = kVectorised<scalar_t> && head_dim % kLanes == 0;
     if (vectorised)
-      scores_avx512(table, first, len, query, scores);
+      scores_simd(table, first, len, query, scores);
     else
       scores_generic(table, first, len, query, scores);
     for (int64_t head = 0; head < num_heads; ++head) {
@@ -165,7 +203,7 @@ struct DecodeStep {
       s.sum[head] = sum;
     }
     if (vectorised)
-      values_avx512(t, table, first, len, scores, s);
+      values_simd(t, table, first, len, scores, s);
     else
       values_generic(t, table, first, len, scores, s);
   }
@@ -205,8 +243,8 @@ struct DecodeStep {
     }
   }
 
-#if defined(__AVX512F__)
-  void scores_avx512(const int64_t* table, int64_t first, int64_t len, const float* query, float* scores) const {
+#ifdef STEPSERVE_SIMD
+  void scores_simd(const int64_t* table, int64_t first, int64_t len, const float* query, float* scores) const {
     const int64_t n = len - first;
     for (int64_t head = 0; head < num_heads; ++head) {
       const float* qh = query + head * head_dim;
@@ -214,49 +252,49 @@ struct DecodeStep {
       float* row = scores + head * n;
       for_each_key(table, first, len, k_cache, [&](int64_t j, const scalar_t* keys) {
         const scalar_t* key = keys + kv_offset;
-        __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qh), load16(key));
-        for (int64_t d = 16; d < head_dim; d += 16) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), load16(key + d), dot);
-        row[j] = _mm512_reduce_add_ps(dot);
+        Simd::Reg dot = Simd::mul(Simd::load(qh), Simd::load(key));
+        for (int64_t d = kLanes; d < head_dim; d += kLanes) dot = Simd::fmadd(Simd::load(qh + d), Simd::load(key + d), dot);
+        row[j] = Simd::sum(dot);
       });
     }
   }
 
-  // Up to 64 output lanes of one head in four registers per walk over the values.
+  // Up to 4 registers of one head's output lanes per walk over the values.
   template <int kVectors>
-  void accumulate_avx512(const int64_t* table, int64_t first, int64_t len, int64_t offset, const float* probs,
-                         float inv, scalar_t* dst) const {
-    __m512 acc[kVectors];
-    for (int v = 0; v < kVectors; ++v) acc[v] = _mm512_setzero_ps();
+  void accumulate_simd(const int64_t* table, int64_t first, int64_t len, int64_t offset, const float* probs,
+                       float inv, scalar_t* dst) const {
+    Simd::Reg acc[kVectors];
+    for (int v = 0; v < kVectors; ++v) acc[v] = Simd::zero();
     for_each_key(table, first, len, v_cache, [&](int64_t j, const scalar_t* values) {
-      const __m512 p = _mm512_set1_ps(probs[j]);
-      for (int v = 0; v < kVectors; ++v) acc[v] = _mm512_fmadd_ps(p, load16(values + offset + 16 * v), acc[v]);
+      const Simd::Reg p = Simd::set1(probs[j]);
+      for (int v = 0; v < kVectors; ++v) acc[v] = Simd::fmadd(p, Simd::load(values + offset + kLanes * v), acc[v]);
     });
-    alignas(64) float lanes[16 * kVectors];
-    for (int v = 0; v < kVectors; ++v) _mm512_store_ps(lanes + 16 * v, _mm512_mul_ps(acc[v], _mm512_set1_ps(inv)));
-    for (int i = 0; i < 16 * kVectors; ++i) dst[i] = static_cast<scalar_t>(lanes[i]);
+    float lanes[kLanes * kVectors];
+    for (int v = 0; v < kVectors; ++v) Simd::store(lanes + kLanes * v, Simd::mul(acc[v], Simd::set1(inv)));
+    for (int i = 0; i < kLanes * kVectors; ++i) dst[i] = static_cast<scalar_t>(lanes[i]);
   }
 
-  void values_avx512(int64_t t, const int64_t* table, int64_t first, int64_t len, const float* probs,
-                     Scratch& s) const {
+  void values_simd(int64_t t, const int64_t* table, int64_t first, int64_t len, const float* probs,
+                   Scratch& s) const {
     const int64_t n = len - first;
     for (int64_t head = 0; head < num_heads; ++head) {
       const float inv = 1.f / s.sum[head];
       scalar_t* dst = out + (t * num_heads + head) * head_dim;
       const int64_t offset = (head / group) * head_dim;
-      for (int64_t d = 0; d < head_dim; d += 64) {
+      for (int64_t d = 0; d < head_dim; d += 4 * kLanes) {
         const float* p = probs + head * n;
-        switch (std::min<int64_t>(4, (head_dim - d) / 16)) {
-          case 4: accumulate_avx512<4>(table, first, len, offset + d, p, inv, dst + d); break;
-          case 3: accumulate_avx512<3>(table, first, len, offset + d, p, inv, dst + d); break;
-          case 2: accumulate_avx512<2>(table, first, len, offset + d, p, inv, dst + d); break;
-          default: accumulate_avx512<1>(table, first, len, offset + d, p, inv, dst + d); break;
+        switch (std::min<int64_t>(4, (head_dim - d) / kLanes)) {
+          case 4: accumulate_simd<4>(table, first, len, offset + d, p, inv, dst + d); break;
+          case 3: accumulate_simd<3>(table, first, len, offset + d, p, inv, dst + d); break;
+          case 2: accumulate_simd<2>(table, first, len, offset + d, p, inv, dst + d); break;
+          default: accumulate_simd<1>(table, first, len, offset + d, p, inv, dst + d); break;
         }
       }
     }
   }
 #else
-  void scores_avx512(const int64_t*, int64_t, int64_t, const float*, float*) const {}
-  void values_avx512(int64_t, const int64_t*, int64_t, int64_t, const float*, Scratch&) const {}
+  void scores_simd(const int64_t*, int64_t, int64_t, const float*, float*) const {}
+  void values_simd(int64_t, const int64_t*, int64_t, int64_t, const float*, Scratch&) const {}
 #endif
 
   // fn(j - first, row) for keys j in [first, len), walking whole blocks.
