@@ -10,7 +10,7 @@ SCRIPT = """
 import sys, time
 from client_sdk import LLM
 llm = LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, worker_args=["--enforce-eager"])
-print(" ".join(str(p.pid) for p in llm.cluster._processes), flush=True)
+print(llm.cluster.num_worker_processes, " ".join(str(p.pid) for p in llm.cluster._processes), flush=True)
 if sys.argv[1] == "exit":
     sys.exit(0)  # no close()
 time.sleep(600)
@@ -28,8 +28,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("end", ["sigkill", "exit"])
 def test_llm_processes_die_with_their_parent(end):
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, end], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(pids) == 2 and all(alive(p) for p in pids)
+    num_workers, *pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 1 + num_workers and all(alive(p) for p in pids)  # the scheduler and every worker
     if end == "sigkill":
         proc.kill()
     proc.wait(timeout=60)
