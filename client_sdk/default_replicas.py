@@ -4,12 +4,13 @@ how many CPU threads each CPU worker then takes.
 On a CPU, a small model runs fastest as one replica per core, each worker on one torch thread.
 Its matrices are too small to share between threads: each operator of a step would fork over
 them and meet at a barrier, so a second thread buys little, while a second replica runs a whole
-second batch. Measured on a 2-vCPU AMD EPYC (avx512_bf16), bfloat16, `stepserve bench
-throughput`, 1 replica (the model's own thread choice) against 2 replicas of one thread:
-micro-llama 10,000 prompts, 2,596 / 2,316 requests/s against 1,416 (one replica, quiet host);
-tiny-llama 3,000 prompts 308 against 138, tiny-opt (125M) 400 prompts 13.9 against 10.4
-(load ~3). A large model keeps one replica with every core's threads: its matrices are large
-enough to share, and a copy of its weights per core would not fit.
+second batch. A larger model keeps one replica with every core's threads: its matrices are
+large enough to share, and each replica would stream a copy of its weights every step.
+Measured on a 2-vCPU AMD EPYC (avx512_bf16), bfloat16, `stepserve bench throughput`, quiet host
+(load ~1), one replica (the model's own thread choice) against 2 replicas of one thread:
+micro-llama (2.4 MB of weights on disk) 10,000 prompts 1,731 / 1,638 against 2,532 / 2,245
+requests/s; tiny-llama (81 MB) 5,000 prompts 445 against 490; tiny-opt (125M shape, 487 MB)
+400 prompts 46.2 against 27.4, where one replica of two threads wins.
 """
 import os
 from collections.abc import Sequence
@@ -17,8 +18,9 @@ from collections.abc import Sequence
 # One scheduler process plans every replica's steps: past this many its planning, not the
 # workers, would bound the throughput.
 MAX_REPLICAS = 8
-# Weights on disk up to which a model counts as small (presets are all small).
-SMALL_MODEL_BYTES = 1 << 30
+# Weights on disk up to which a model counts as small: between tiny-llama's 81 MB, where two
+# replicas won, and tiny-opt's 487 MB, where one did.
+SMALL_MODEL_BYTES = 256 << 20
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _DEFAULT_KV_CACHE_GB = 1.0  # the worker's --kv-cache-gb default on a CPU
 _GiB = 1 << 30
@@ -48,11 +50,24 @@ def runs_on_cpu(worker_args: Sequence[str]) -> bool:
 
 
 def weight_bytes(model: str) -> int:
-    """The bytes of a model folder's weight files; 0 for a preset name (presets are tiny)."""
+    """The bytes of a model folder's weight files, or of a preset's float32 weights."""
     if not os.path.isdir(model):
-        return 0
+        return _preset_weight_bytes(model)
     return sum(entry.stat().st_size for entry in os.scandir(model)
                if entry.is_file() and entry.name.endswith(_WEIGHT_SUFFIXES))
+
+
+def _preset_weight_bytes(name: str) -> int:
+    """A preset's float32 weights, counted from its config: the embedding and the head, and per
+    layer the attention's four matrices and the MLP's (or each expert's) three."""
+    from worker_svc import presets  # config dicts only: no torch
+    if not presets.is_preset(name):
+        return 0  # not a model the worker knows: it says so itself
+    config = presets.preset_config(name)
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    mlp = config.get("intermediate_size") or config.get("ffn_dim") or 4 * hidden
+    per_layer = 4 * hidden * hidden + 3 * hidden * mlp * config.get("num_local_experts", 1)
+    return 4 * (2 * vocab * hidden + config["num_hidden_layers"] * per_layer)
 
 
 def _available_memory_bytes() -> int | None:

@@ -29,6 +29,7 @@ def test_one_replica_on_cuda_with_threads_or_tensor_parallel_or_a_large_model(mo
     assert default_data_parallel_size("micro-llama", ["--device", "cuda:0"], 1) == 1
     assert default_data_parallel_size("micro-llama", ["--threads", "2"], 1) == 1
     assert default_data_parallel_size("micro-llama", [], 2) == 1
+    assert default_data_parallel_size("opt-125m", [], 1) == 1  # a preset of 125M weights
     with open(tmp_path / "model.safetensors", "wb") as f:  # sparse: sized, not written
         f.truncate(default_replicas.SMALL_MODEL_BYTES + 1)
     (tmp_path / "config.json").write_text("{}")
