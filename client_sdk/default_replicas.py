@@ -22,7 +22,6 @@ MAX_REPLICAS = 8
 # replicas won, and tiny-opt's 487 MB, where one did.
 SMALL_MODEL_BYTES = 256 << 20
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-_DEFAULT_KV_CACHE_GB = 1.0  # the worker's --kv-cache-gb default on a CPU
 _GiB = 1 << 30
 
 
@@ -93,7 +92,8 @@ def default_data_parallel_size(model: str, worker_args: Sequence[str], tensor_pa
     replicas = min(usable_cpus(), MAX_REPLICAS)
     available = _available_memory_bytes()
     if available is not None:
-        kv_cache_gb = float(flag_value(worker_args, "--kv-cache-gb") or _DEFAULT_KV_CACHE_GB)
+        from worker_svc.runner_config import RunnerConfig  # the worker's default, one owner; no torch
+        kv_cache_gb = float(flag_value(worker_args, "--kv-cache-gb") or RunnerConfig.kv_cache_gb)
         replicas = min(replicas, int(available / 2 // (weights + kv_cache_gb * _GiB + 1)))
     return max(1, replicas)
 
