@@ -1,11 +1,14 @@
 """Token sampling, vectorised over the batch: greedy, temperature, top-k, top-p, min-p, seeds.
 
-Order, as in vLLM: the grammar's mask (structured_outputs.py), per-request adjustments (allowed tokens, bad words, min_tokens' stop tokens,
-logit bias, penalties: logits_processors.py) -> logits / temperature -> top-k -> top-p -> min-p -> sample. A sample is the
-exponential race argmax(probs / E), E ~ Exp(1), which draws from probs without a cumsum search;
-a seeded request draws its E from its own generator seeded by (seed, tokens generated so far),
-so its tokens do not depend on what else is in the batch. Logprobs are those of the raw logits
-(before adjustments, temperature and filters), like vLLM's default.
+Order, as in vLLM: the grammar's mask (structured_outputs.py), per-request adjustments (allowed
+tokens, bad words, min_tokens' stop tokens, logit bias, penalties: logits_processors.py) ->
+logits / temperature -> top-k -> top-p -> min-p -> draw. On CPU one C++ call does the mask, the
+filters and the draw of every row (csrc/sample_rows.cpp); elsewhere, or without a compiler,
+torch does the same. A draw is the inverse of the kept tokens' cumulative distribution at one
+uniform per row: a seeded request's uniform comes from (seed, tokens generated so far) alone, so
+its tokens do not depend on what else is in the batch. Rows that are all greedy with no mask
+take numpy's argmax (or the compiled step's, greedy_head.py). Logprobs are those of the raw
+logits (before adjustments, temperature and filters), like vLLM's default.
 """
 from dataclasses import dataclass, field
 
@@ -13,6 +16,7 @@ import numpy as np
 import torch
 
 from protocol.client_messages import TokenLogprobs
+from worker_svc import sampling_kernel
 from worker_svc.logits_processors import StepAdjustments
 from worker_svc.structured_outputs import StepGrammar
 
@@ -56,17 +60,22 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
            ) -> tuple[np.ndarray, list[TokenLogprobs | None] | None]:
     """logits: [S, V] float32 -> token ids [S] (numpy int64) and per-row logprobs or None."""
     wants_logprobs = (meta.num_logprobs >= 0).any()
+    kernel = sampling_kernel.load() if logits.device.type == "cpu" else None
+    # The kernel applies the grammar's bitmask as it reads a row; the torch path masks the logits.
+    masks_logits = meta.grammar is not None and kernel is None
     raw = logits
-    if meta.adjustments is not None or meta.banned or meta.grammar is not None:
+    if meta.adjustments is not None or meta.banned or masks_logits:
         raw = logits.clone() if wants_logprobs else None
-        if meta.grammar is not None:
+        if masks_logits:
             meta.grammar.apply(logits)
         if meta.adjustments is not None:
             meta.adjustments.apply(logits)
         for row, ids in meta.banned:
             logits[row, ids] = float("-inf")
-    if meta.all_greedy:
+    if meta.all_greedy and not (meta.grammar is not None and kernel is not None):
         tokens = argmax_rows(logits)
+    elif kernel is not None:
+        tokens = _sample_with_kernel(kernel, logits, meta)
     else:
         tokens = np.empty(logits.shape[0], dtype=np.int64)
         greedy = meta.temperature == 0
@@ -80,7 +89,48 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
     return tokens, logprobs
 
 
+def _sample_with_kernel(kernel, logits: torch.Tensor, meta: SamplingMetadata) -> np.ndarray:
+    tokens = torch.empty(logits.shape[0], dtype=torch.int64)
+    bitmask = constrained = _NO_MASK
+    if meta.grammar is not None and meta.grammar.indices:
+        bitmask = meta.grammar.bitmask
+        constrained = torch.zeros(logits.shape[0], dtype=torch.bool)
+        constrained[meta.grammar.indices] = True
+    kernel.sample_rows(logits, torch.from_numpy(meta.temperature), torch.from_numpy(meta.top_k),
+                       torch.from_numpy(meta.top_p), torch.from_numpy(meta.min_p),
+                       torch.from_numpy(uniform_draws(meta.seed, meta.num_generated)), bitmask, constrained, tokens)
+    return tokens.numpy()
+
+
+_NO_MASK = torch.empty(0, dtype=torch.int32)
+_unseeded = np.random.default_rng()
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A bijective mix of 64-bit integers (SplitMix64's finaliser): nearby inputs, unrelated outputs."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniform_draws(seed: np.ndarray, num_generated: np.ndarray) -> np.ndarray:
+    """One uniform in [0, 1) per row: a seeded row's from (seed, tokens generated so far) alone, so
+    the same seed and prompt give the same tokens whatever else is in the batch, after a
+    preemption or with steps in flight; the others' from the worker's generator."""
+    draws = _unseeded.random(len(seed))
+    seeded = seed >= 0
+    if seeded.any():
+        with np.errstate(over="ignore"):
+            bits = _splitmix64(_splitmix64(seed[seeded].astype(np.uint64)) + num_generated[seeded].astype(np.uint64))
+        draws[seeded] = (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return draws
+
+
 def _sample_random(logits: torch.Tensor, meta: SamplingMetadata, rows: np.ndarray) -> np.ndarray:
+    """The torch path (no C++ kernel, or not a CPU): the kernel's semantics, the draw through the
+    cumulative distribution at the same uniforms."""
     device = logits.device
     temperature = torch.from_numpy(meta.temperature[rows]).to(device)
     logits = logits / temperature[:, None]  # [R, V]
@@ -92,13 +142,10 @@ def _sample_random(logits: torch.Tensor, meta: SamplingMetadata, rows: np.ndarra
     if min_p.any():
         threshold = torch.from_numpy(min_p).to(device)[:, None] * probs.amax(-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
-    noise = torch.empty_like(probs).exponential_()  # [R, V]
-    for i in np.flatnonzero(meta.seed[rows] >= 0):
-        row = rows[i]
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(meta.seed[row]) * 1_000_003 + int(meta.num_generated[row]))
-        noise[i] = torch.empty_like(probs[i]).exponential_(generator=generator)
-    return argmax_rows(probs / noise)
+    cdf = probs.double().cumsum(dim=-1)  # [R, V]
+    targets = torch.from_numpy(uniform_draws(meta.seed[rows], meta.num_generated[rows])).to(device) * cdf[:, -1]
+    tokens = torch.searchsorted(cdf, targets[:, None], right=True)[:, 0]
+    return tokens.clamp_(max=logits.shape[-1] - 1).cpu().numpy()
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray) -> torch.Tensor:

@@ -1,8 +1,12 @@
 """Offline throughput, measured like vLLM's `vllm bench throughput`: random prompt ids, exactly
---output-len new tokens (ignore_eos, greedy), every prompt handed over at once, timed over the
+--output-len new tokens (ignore_eos; greedy unless --temperature says otherwise), every prompt handed over at once, timed over the
 generation phase only (start-up and a small warm-up excluded).
 
     stepserve bench throughput --model tiny-llama --num-prompts 10000 --input-len 16 --output-len 16 --json
+
+The sampling flags are vLLM's: --temperature (default 0, greedy), --top-p, --top-k, --min-p; with
+a temperature, --seed also seeds each request's sampling (seed + its index), so a sampled run
+repeats token for token.
 
 --prefix-len N puts one shared prefix of N random tokens before every prompt's own --input-len
 tokens (a system prompt, few-shot examples), the workload prefix caching is for. The warm-up
@@ -15,6 +19,7 @@ import statistics
 import sys
 import time
 
+import msgspec
 import numpy as np
 
 from client_sdk.client import AsyncClient
@@ -30,8 +35,31 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
                    help="a shared prefix of this many random tokens before each prompt's own --input-len")
     p.add_argument("--address", default=None, help="a running scheduler's frontend; else start a local one")
     p.add_argument("--window", type=int, default=None, help="bound on requests in flight (default: all at once)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the prompts' random seed; with --temperature > 0 also each request's sampling seed (+ index)")
+    add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--min-p", type=float, default=0.0)
+
+
+def sampling_flags(args: argparse.Namespace) -> list[str]:
+    """The sampling flags of args, as a command line that repeats them."""
+    return ["--temperature", str(args.temperature), "--top-p", str(args.top_p), "--top-k", str(args.top_k),
+            "--min-p", str(args.min_p)]
+
+
+def sampling_params(args: argparse.Namespace, num_prompts: int) -> list[SamplingParams]:
+    params = SamplingParams(max_tokens=args.output_len, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, min_p=args.min_p, ignore_eos=True)
+    if args.temperature == 0:
+        return [params] * num_prompts
+    return [msgspec.structs.replace(params, seed=args.seed + i) for i in range(num_prompts)]
 
 
 def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int, avoid: set[int],
@@ -54,9 +82,9 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
     prefix_len = args.prefix_len
     prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid, prefix_len)
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    params = sampling_params(args, args.num_prompts)
     warm_up = random_prompts(8, args.input_len + prefix_len, info.vocab_size, args.seed + 1_000_003, avoid)
-    await client.generate_batch(warm_up, params)  # not timed; shares no prefix with the timed prompts
+    await client.generate_batch(warm_up, params[:len(warm_up)])  # not timed; shares no prefix with the timed prompts
     before = await client.health()
     start = time.perf_counter()
     # A progress bar (requests done, requests/s) on a terminal only: --json output stays clean.
@@ -77,6 +105,8 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
         "input_len": args.input_len,
         "prefix_len": prefix_len,
         "output_len": args.output_len,
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                     "min_p": args.min_p},
         "workers": health.num_workers,
         "replicas": len(health.replicas),
         "window": args.window,
