@@ -128,7 +128,7 @@ def test_kernel_applies_the_bitmask_to_greedy_and_sampled_rows():
     constrained = torch.tensor([True, True, True, False])
     temperature = torch.tensor([0.0, 1.0, 5.0, 1.0])
     seen = set()
-    for draw in range(200):
+    for _ in range(200):
         out = torch.empty(4, dtype=torch.int64)
         kernel.sample_rows(logits, temperature, torch.zeros(4, dtype=torch.int64), torch.ones(4), torch.zeros(4),
                            torch.rand(4, dtype=torch.float64), bitmask, constrained, out)
