@@ -92,6 +92,8 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
 def _sample_with_kernel(kernel, logits: torch.Tensor, meta: SamplingMetadata) -> np.ndarray:
     tokens = torch.empty(logits.shape[0], dtype=torch.int64)
     bitmask = constrained = _NO_MASK
+    if meta.grammar is not None:
+        meta.grammar.wait()
     if meta.grammar is not None and meta.grammar.indices:
         bitmask = meta.grammar.bitmask
         constrained = torch.zeros(logits.shape[0], dtype=torch.bool)

@@ -16,9 +16,12 @@ structured request also imports xgrammar (and transformers) in that thread: a wo
 sees one never loads them.
 
 The mask reaches the sampler as a bitmask: each step, the matchers of the sampled rows with a
-grammar fill their rows of an int32 bitmask [S, ceil(V / 32)] (BatchGrammarMatcher, on threads)
-and the sampler applies it with xgrammar's apply_token_bitmask_inplace (disallowed -> -inf)
-before the other adjustments (logits_processors.py), temperature and the filters.
+grammar fill their rows of an int32 bitmask [S, ceil(V / 32)] (BatchGrammarMatcher, which
+releases the GIL) on a thread of their own, started when the runner builds the step's sampling
+metadata before the forward, so the fill runs while the model does; the sampler waits for it
+(StepGrammar.wait). On CPU the sampling kernel reads the bitmask as it reads each row's logits
+(csrc/sample_rows.cpp: no pass of its own, no -inf written); elsewhere xgrammar's
+apply_token_bitmask_inplace writes -inf into the logits.
 
 Exactness: the worker executes plans in order and appends each sampled token itself
 (RequestTable.advance -> on_sampled: the matcher accepts it), so with two plans in flight
@@ -58,11 +61,18 @@ class StepGrammar:
     """One step's masks: bitmask rows for the sampled rows `indices` (logits order), and the
     rows that fail (index -> reason)."""
 
-    bitmask: torch.Tensor | None  # [S, ceil(V / 32)] int32
+    bitmask: torch.Tensor | None  # [S, ceil(V / 32)] int32, valid once wait() returned
     indices: list[int]
     errors: dict[int, str]
+    filling: Future | None = None  # the fill running on the mask thread
+
+    def wait(self) -> None:
+        if self.filling is not None:
+            self.filling.result()
+            self.filling = None
 
     def apply(self, logits: torch.Tensor) -> None:
+        self.wait()
         if self.indices:
             import xgrammar
             xgrammar.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=logits.shape[-1],
@@ -82,7 +92,8 @@ class StructuredOutputs:
     def __init__(self, tokenizer_json: str | None, vocab_size: int, eos_token_ids: list[int]):
         self.tokenizer_json, self.vocab_size, self.eos_token_ids = tokenizer_json, vocab_size, eos_token_ids
         self.rows: dict[int, _Row] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # compiles grammars
+        self._mask_thread: ThreadPoolExecutor | None = None  # fills a step's bitmask
         self._compiler = None
         self._grammars: OrderedDict[bytes, Future] = OrderedDict()  # canonical params -> compiled
         self._bitmask: torch.Tensor | None = None
@@ -160,11 +171,15 @@ class StructuredOutputs:
                 indices.append(i)
                 matchers.append(state.matcher)
         bitmask = self._bitmask_for(len(rows))
+        filling = None
         if matchers:
-            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices)
+            if self._mask_thread is None:
+                self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+            filling = self._mask_thread.submit(self._batch_matcher.batch_fill_next_token_bitmask, matchers,
+                                               bitmask, indices)
         # A terminated matcher (the grammar is complete) allows only EOS; one that ignores EOS
         # goes on unconstrained, as vLLM's does.
-        return StepGrammar(bitmask, indices, errors)
+        return StepGrammar(bitmask, indices, errors, filling)
 
     def _start_matcher(self, state: _Row) -> None:
         import xgrammar
