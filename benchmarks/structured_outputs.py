@@ -7,11 +7,15 @@ of at least 64 bounded integers, so no request completes its grammar within the 
 unconstrained (greedy, the fused LM head + argmax path). Both are prefilled untimed (the
 structured one's grammar compiles then); then they take turns, one decode step of every request
 each (A B A B: a noisy host hurts both alike), and the medians are reported: the whole step,
-and for the structured runner its split: mask (the matchers filling the bitmask), apply
-(the bitmask applied to the logits), rest (everything else: the forward, the LM head as full
+and for the structured runner its split: mask (the step's matchers found and their bitmask fill
+started), wait (the sampler waiting for the fill, which runs on its own thread during the
+forward), apply (xgrammar writing the bitmask into the logits: the torch path only; on CPU the
+sampling kernel reads the bitmask with the logits, inside rest), rest (everything else: the forward, the LM head as full
 logits, the sampler, bookkeeping). unconstrained_hooks_us: what a step of unconstrained rows
 pays for the new per-request sampler state (the hooks alone, timed in a loop). --compare-engines also times xgrammar and llguidance on this
 model's tokenizer: the schema's compilation and one mask fill of `batch` matchers.
+--temperature T samples both runners' requests at T (default 0: greedy, where the unconstrained
+runner takes the fused LM head + argmax).
 """
 import argparse
 import json
@@ -32,7 +36,7 @@ SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum":
 
 class _Timer:
     def __init__(self):
-        self.totals = {"mask": 0.0, "apply": 0.0}
+        self.totals = {"mask": 0.0, "wait": 0.0, "apply": 0.0}
 
     def wrap(self, fn, part: str):
         def timed(*args, **kwargs):
@@ -57,7 +61,7 @@ class _Mode:
             outputs.for_step = timer.wrap(outputs.for_step, "mask")
         self.ids = [f"r{i}" for i in range(args.batch)]
         rng = np.random.default_rng(0)
-        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 2, ignore_eos=True,
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.steps + 2, ignore_eos=True,
                                 structured_outputs=StructuredOutputsParams(json=SCHEMA) if structured else None)
         blocks = np.arange(args.batch * blocks_per_request).reshape(args.batch, -1).tolist()
         prefill = StepPlan(step_id=0, finished_ids=[], preempted_ids=[], running_requests=[], new_requests=[
@@ -65,18 +69,19 @@ class _Mode:
                            blocks[i], 0, args.prompt_len) for i in range(args.batch)])
         result = runner.execute(prefill)
         assert result.error is None and not result.request_errors, result
-        self.samples: dict[str, list[float]] = {k: [] for k in ("step", "mask", "apply", "rest")}
+        self.samples: dict[str, list[float]] = {k: [] for k in ("step", "mask", "wait", "apply", "rest")}
 
     def step(self, step_id: int) -> None:
         plan = StepPlan(step_id=step_id, finished_ids=[], preempted_ids=[], new_requests=[],
                         running_requests=[RunningRequestData(i, [], 1) for i in self.ids])
-        self.timer.totals.update(mask=0.0, apply=0.0)
+        self.timer.totals.update(mask=0.0, wait=0.0, apply=0.0)
         start = time.perf_counter()
         result = self.runner.execute(plan)
         elapsed = (time.perf_counter() - start) * 1e3
         assert result.error is None and min(result.sampled_token_ids) >= 0, result.error
-        mask, apply = (self.timer.totals[k] * 1e3 for k in ("mask", "apply"))
-        for key, value in (("step", elapsed), ("mask", mask), ("apply", apply), ("rest", elapsed - mask - apply)):
+        mask, wait, apply = (self.timer.totals[k] * 1e3 for k in ("mask", "wait", "apply"))
+        for key, value in (("step", elapsed), ("mask", mask), ("wait", wait), ("apply", apply),
+                           ("rest", elapsed - mask - wait - apply)):
             self.samples[key].append(value)
 
 
@@ -149,11 +154,13 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--compare-engines", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     timer = _Timer()
     from worker_svc.structured_outputs import StepGrammar
+    StepGrammar.wait = timer.wrap(StepGrammar.wait, "wait")
     StepGrammar.apply = timer.wrap(StepGrammar.apply, "apply")
     modes = {"unconstrained": _Mode(args, False, timer), "structured": _Mode(args, True, timer)}
     for step_id in range(1, args.steps + 1):
@@ -162,7 +169,8 @@ def main(argv=None) -> None:
     medians = {name: {k: round(statistics.median(v), 3) for k, v in mode.samples.items()}
                for name, mode in modes.items()}
     report = {"benchmark": "structured_outputs", "model": args.model, "dtype": args.dtype, "batch": args.batch,
-              "steps": args.steps, "compiled": modes["unconstrained"].runner.executor.compiled, "cpu": cpu_summary(),
+              "temperature": args.temperature, "steps": args.steps,
+              "compiled": modes["unconstrained"].runner.executor.compiled, "cpu": cpu_summary(),
               "step_ms": medians,
               "slowdown": round(medians["structured"]["step"] / medians["unconstrained"]["step"], 3),
               "unconstrained_hooks_us": round(unconstrained_hooks_us(modes["unconstrained"].runner, args.batch), 2)}

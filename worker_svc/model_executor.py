@@ -117,7 +117,7 @@ class ModelExecutor:
         return lambda input_ids, positions: self._forward(input_ids, positions, no_rows)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden] -> float32 logits [S, vocab]."""
+        """hidden [S, hidden] -> logits [S, vocab] in the model's dtype (model.compute_logits)."""
         return self._logits(self._pad_rows(hidden))[:hidden.shape[0]]
 
     def _pad_rows(self, hidden: torch.Tensor) -> torch.Tensor:

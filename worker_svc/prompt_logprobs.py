@@ -47,7 +47,7 @@ def score_prompts(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: tor
     entries: list[TokenLogprobs] = []
     for begin in range(0, len(hidden_rows), MAX_ROWS):
         rows = torch.from_numpy(hidden_rows[begin:begin + MAX_ROWS]).to(hidden.device)
-        logits = logits_of(hidden[rows])  # [R, V] float32
+        logits = logits_of(hidden[rows])  # [R, V]
         entries += compute_logprobs(logits, targets[begin:begin + MAX_ROWS], ks[begin:begin + MAX_ROWS])
     out, offset = {}, 0
     for j, first_scored, count in chunks:

@@ -51,16 +51,20 @@ class SamplingMetadata:
 def argmax_rows(logits: torch.Tensor) -> np.ndarray:
     """Row argmax, ties to the lowest index. On CPU numpy's argmax is several times faster than
     torch.argmax over [256, 32000] float32 (benchmarks/runner_step.py prints both)."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        return np.argmax(logits.numpy(), axis=-1)
+    if logits.device.type == "cpu":
+        return np.argmax(logits.float().numpy(), axis=-1)
     return torch.argmax(logits, dim=-1).cpu().numpy()
 
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata
            ) -> tuple[np.ndarray, list[TokenLogprobs | None] | None]:
-    """logits: [S, V] float32 -> token ids [S] (numpy int64) and per-row logprobs or None."""
+    """logits: [S, V] (any float dtype) -> token ids [S] (numpy int64) and per-row logprobs or None."""
     wants_logprobs = (meta.num_logprobs >= 0).any()
+    if meta.grammar is not None:
+        meta.grammar.wait()  # the bitmask's fill, started before the forward
     kernel = sampling_kernel.load() if logits.device.type == "cpu" else None
+    if kernel is None or meta.adjustments is not None or meta.banned or wants_logprobs:
+        logits = logits.float()  # written to, or read by torch: the kernel alone reads bfloat16
     # The kernel applies the grammar's bitmask as it reads a row; the torch path masks the logits.
     masks_logits = meta.grammar is not None and kernel is None
     raw = logits
@@ -92,8 +96,6 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
 def _sample_with_kernel(kernel, logits: torch.Tensor, meta: SamplingMetadata) -> np.ndarray:
     tokens = torch.empty(logits.shape[0], dtype=torch.int64)
     bitmask = constrained = _NO_MASK
-    if meta.grammar is not None:
-        meta.grammar.wait()
     if meta.grammar is not None and meta.grammar.indices:
         bitmask = meta.grammar.bitmask
         constrained = torch.zeros(logits.shape[0], dtype=torch.bool)

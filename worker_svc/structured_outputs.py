@@ -80,12 +80,13 @@ class StepGrammar:
 
 
 class _Row:
-    __slots__ = ("grammar", "replay", "matcher", "error")
+    __slots__ = ("grammar", "replay", "matcher", "error", "terminated")
 
     def __init__(self, grammar: Future, replay: list[int]):
         self.grammar, self.replay = grammar, replay  # replay: tokens generated before (re)scheduling
         self.matcher = None
         self.error: str | None = None
+        self.terminated = False  # the matcher's is_terminated(), read when it accepts a stop token
 
 
 class StructuredOutputs:
@@ -97,6 +98,10 @@ class StructuredOutputs:
         self._compiler = None
         self._grammars: OrderedDict[bytes, Future] = OrderedDict()  # canonical params -> compiled
         self._bitmask: torch.Tensor | None = None
+        self._stop_tokens = frozenset(eos_token_ids)
+        # The last for_step's sampled rows, and the positions and matchers of those it masked:
+        # the rows whose tokens on_sampled hands to their matchers.
+        self._step: tuple[np.ndarray, list[int], list] | None = None
         self._batch_matcher = None
 
     # ---- membership ------------------------------------------------------------------------
@@ -156,6 +161,7 @@ class StructuredOutputs:
 
     def for_step(self, rows: np.ndarray) -> StepGrammar | None:
         """rows: the sampled rows in logits order. Waits for grammars still compiling."""
+        self._step = None
         if not self.rows:
             return None
         constrained = [(i, self.rows[r]) for i, r in enumerate(rows.tolist()) if r in self.rows]
@@ -167,9 +173,10 @@ class StructuredOutputs:
                 self._start_matcher(state)
             if state.error is not None:
                 errors[i] = state.error
-            elif not state.matcher.is_terminated():
+            elif not state.terminated:
                 indices.append(i)
                 matchers.append(state.matcher)
+        self._step = (rows, indices, matchers)
         bitmask = self._bitmask_for(len(rows))
         filling = None
         if matchers:
@@ -193,6 +200,7 @@ class StructuredOutputs:
                 state.error = f"the tokens generated before rescheduling do not follow the grammar ({token})"
                 return
         state.replay = []
+        state.terminated = state.matcher.is_terminated()
 
     def _bitmask_for(self, num_rows: int) -> torch.Tensor:
         import xgrammar
@@ -202,14 +210,22 @@ class StructuredOutputs:
         return self._bitmask[:num_rows]
 
     def on_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        if not self.rows:
+        """rows got tokens: the matchers that constrained them this step (for_step's) accept them.
+        One accept_token call each: xgrammar's batch_accept_token took twice as long for 256
+        matchers (its result list is converted element by element)."""
+        step, self._step = self._step, None
+        if step is None or not len(rows):  # nothing masked, or nothing sampled (a prefill chunk)
             return
-        for row, token in zip(rows.tolist(), tokens.tolist()):
-            state = self.rows.get(row)
-            if state is None or state.matcher is None or state.matcher.is_terminated():
-                continue
-            if not state.matcher.accept_token(token):
-                log.warning("row %d: token %d does not follow its grammar", row, token)
+        step_rows, indices, matchers = step
+        assert np.array_equal(step_rows, rows), "the sampled rows are the rows for_step masked"
+        if not matchers:
+            return
+        for i, token, matcher in zip(indices, tokens[indices].tolist(), matchers):
+            if not matcher.accept_token(token):
+                log.warning("row %d: token %d does not follow its grammar", rows[i], token)
+            elif token in self._stop_tokens:
+                state = self.rows[int(rows[i])]
+                state.terminated = state.matcher.is_terminated()
 
 
 # A JSON string's characters: not '"', not '\\', not a control character (as a regex over the

@@ -227,9 +227,17 @@ const float* masked_row(const scalar_t* logits, int64_t n, const int32_t* bitmas
     if (bitmask == nullptr) return logits;
   copy.resize(n);
   float* x = copy.data();
-  if (bitmask != nullptr) {
+  if (bitmask != nullptr) {  // a word of 32 tokens at a time: its bits shifted lane by lane, no gather
+    for (int64_t word = 0; word * 32 < n; ++word) {
+      const uint32_t bits = static_cast<uint32_t>(bitmask[word]);
+      const int64_t first = word * 32, len = std::min<int64_t>(32, n - first);
+      if (bits == 0) {
+        std::fill(x + first, x + first + len, kNegInf);
+        continue;
+      }
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) x[j] = (bitmask[j >> 5] >> (j & 31)) & 1 ? to_float(logits[j]) : kNegInf;
+      for (int64_t l = 0; l < len; ++l) x[first + l] = (bits >> l) & 1u ? to_float(logits[first + l]) : kNegInf;
+    }
   } else {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) x[j] = to_float(logits[j]);
@@ -291,7 +299,7 @@ int64_t sample_row(const scalar_t* logits, int64_t n, float temperature, int64_t
   return draw_from_row(e, s.block_sums.data(), n, u);
 }
 
-// logits [S, V] float32 or bfloat16 (rows contiguous); temperature, top_p, min_p [S] float32;
+// logits [S, V] float32, bfloat16 or float16 (rows contiguous); temperature, top_p, min_p [S] float32;
 // top_k [S] int64 (<= 0: off); uniform [S] float64 in [0, 1); bitmask [S, ceil(V / 32)] int32 and
 // constrained [S] bool, or both empty (no row constrained); out [S] int64.
 void sample_rows(const torch::Tensor& logits, const torch::Tensor& temperature, const torch::Tensor& top_k,
@@ -319,7 +327,7 @@ void sample_rows(const torch::Tensor& logits, const torch::Tensor& temperature, 
   const bool* constrained_ = masked ? constrained.data_ptr<bool>() : nullptr;
   const int64_t words = masked ? bitmask.size(1) : 0;
   int64_t* out_ = out.data_ptr<int64_t>();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, logits.scalar_type(), "sample_rows", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample_rows", [&] {
     const scalar_t* base = logits.data_ptr<scalar_t>();
     const int64_t row_stride = logits.stride(0);
     auto run = [&](int64_t begin, int64_t end) {

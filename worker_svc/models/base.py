@@ -6,7 +6,7 @@ and every model class derives from CausalLM (below), which gives it the head and
     model = ModelClass(config: dict, dtype: torch.dtype, tp: TensorParallel)
     model.cache_spec() -> CacheSpec
     model(input_ids, positions) -> hidden  # [T] int64 each -> [T, hidden_size]
-    model.compute_logits(hidden)  # [S, hidden] -> [S, vocab] float32 (soft-capped where the model caps)
+    model.compute_logits(hidden)  # [S, hidden] -> [S, vocab] in the model's dtype (float32 where soft-capped)
     model.lm_head_weight  # [vocab, hidden]: compute_logits is hidden @ lm_head_weight.T
     model.load_weights(weights: Iterable[tuple[str, torch.Tensor]])  # Hugging Face names
 
@@ -84,9 +84,11 @@ class CausalLM(nn.Module):
         return self.lm_head.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.lm_head_weight).float()  # [S, hidden] -> [S, vocab]
+        # [S, hidden] -> [S, vocab], left in the model's dtype: a float32 copy would hold the same
+        # values, and the sampling kernel reads bfloat16 rows as they are (half the bytes).
+        logits = F.linear(hidden, self.lm_head_weight)
         cap = self.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else torch.tanh(logits.float() / cap) * cap
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # A tied head is the embedding; a saved copy of it must equal it.
