@@ -16,8 +16,8 @@
 //
 // Cost per row, in passes over its V logits (each vectorised, the row's buffers in L2):
 //   every row: the scaled (and masked) copy with its maximum;
-//   top-k: a scan keeping the k best in a heap (a chunk whose maximum cannot enter is skipped
-//     whole), then k exponentials; no pass over the exponentials of the whole row;
+//   top-k: the maxima of 64-token chunks, then the entries of the chunks that can hold one of
+//     the k best (top_candidates), then k exponentials; no exponentials over the whole row;
 //   otherwise: the exponentials with per-block sums, then the walk of block sums and one block;
 //     top-p first tries the 64 best tokens; when they hold less than p of the mass (a flat
 //     distribution) it bisects the cut value over the float bits (about 30 passes).
@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -62,6 +63,7 @@ struct Scratch {
   std::vector<float> x, e, mass;
   std::vector<double> block_sums;
   std::vector<Candidate> best;
+  std::vector<float> chunk_max;
 };
 
 thread_local Scratch scratch;
@@ -84,7 +86,7 @@ float max_of(const float* x, int64_t n) {
 
 // The k best-ranked entries of x[0 .. n) (0 < k <= n) into out, best first. A min-heap of the k
 // best so far, its worst on top; a later entry equal to the worst ranks after it (higher id).
-void top_candidates(const float* x, int64_t n, int64_t k, std::vector<Candidate>& out) {
+void top_candidates_by_heap(const float* x, int64_t n, int64_t k, std::vector<Candidate>& out) {
   out.clear();
   int64_t i = 0;
   for (; i < k; ++i) {
@@ -105,6 +107,32 @@ void top_candidates(const float* x, int64_t n, int64_t k, std::vector<Candidate>
     }
   }
   std::sort_heap(out.begin(), out.end(), ranks_before);
+}
+
+// The same as top_candidates_by_heap, for k well under the number of 64-token chunks: the k-th
+// largest chunk maximum is at most the k-th largest entry (k chunks hold an entry at least that
+// large), so only the entries at or above it, in the chunks that reach it, are candidates: two
+// vectorised passes and a sort of about k entries, where the heap took one insertion per entry
+// that beat its worst so far.
+void top_candidates(const float* x, int64_t n, int64_t k, std::vector<Candidate>& out,
+                    std::vector<float>& chunk_max) {
+  const int64_t num_chunks = (n + kBlock - 1) / kBlock;
+  if (4 * k > num_chunks) return top_candidates_by_heap(x, n, k, out);
+  chunk_max.resize(2 * num_chunks);  // the maxima, then a copy that nth_element reorders
+  for (int64_t c = 0; c < num_chunks; ++c)
+    chunk_max[c] = chunk_max[num_chunks + c] = max_of(x + c * kBlock, std::min(kBlock, n - c * kBlock));
+  float* order = chunk_max.data() + num_chunks;
+  std::nth_element(order, order + k - 1, order + num_chunks, std::greater<float>());
+  const float floor = order[k - 1];
+  if (!(floor > kNegInf)) return top_candidates_by_heap(x, n, k, out);
+  out.clear();
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    if (!(chunk_max[c] >= floor)) continue;
+    for (int64_t j = c * kBlock; j < std::min(n, (c + 1) * kBlock); ++j)
+      if (x[j] >= floor) out.push_back({x[j], j});
+  }
+  std::partial_sort(out.begin(), out.begin() + k, out.end(), ranks_before);
+  out.resize(k);
 }
 
 // Draws from the first num_kept of mass[] (weights of `best`, best first), dropping min-p's.
@@ -210,17 +238,21 @@ void cut_top_p_by_bisection(float* e, int64_t n, float needed, float min_p) {
   }
   float cut;
   std::memcpy(&cut, &lo, sizeof cut);
-  double above = 0.0;
-  for (int64_t j = 0; j < n; ++j) above += e[j] > cut ? e[j] : 0.f;
-  int64_t ties_left = cut > 0.f ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil((needed - above) / cut))) : 0;
+  float above = 0.f;
+  int64_t num_ties = 0;
+#pragma omp simd reduction(+ : above, num_ties)
   for (int64_t j = 0; j < n; ++j) {
-    const bool kept = e[j] > cut || (e[j] == cut && ties_left-- > 0);
-    if (!kept || e[j] < min_p) e[j] = 0.f;
+    above += e[j] > cut ? e[j] : 0.f;
+    num_ties += e[j] == cut;
   }
+  int64_t ties_left = cut > 0.f ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil((needed - above) / cut))) : 0;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) e[j] = e[j] < cut || e[j] < min_p ? 0.f : e[j];
+  if (num_ties > ties_left && cut > 0.f)  // equal weights at the cut: the lower ids stay
+    for (int64_t j = 0; j < n; ++j)
+      if (e[j] == cut && ties_left-- <= 0) e[j] = 0.f;
 }
 
-// The row's logits as float32 with the bitmask applied: the logits themselves where they already
-// are, else a copy in the thread's scratch.
 template <typename scalar_t>
 const float* masked_row(const scalar_t* logits, int64_t n, const int32_t* bitmask, std::vector<float>& copy) {
   if constexpr (std::is_same_v<scalar_t, float>)
@@ -258,7 +290,7 @@ int64_t sample_row(const scalar_t* logits, int64_t n, float temperature, int64_t
   const float scale = 1.f / temperature;
 
   if (top_k > 0 && top_k < n) {
-    top_candidates(x, n, top_k, s.best);
+    top_candidates(x, n, top_k, s.best, s.chunk_max);
     s.mass.resize(top_k);
     float total = 0.f;
     for (int64_t r = 0; r < top_k; ++r) total += s.mass[r] = weight((s.best[r].value - max_value) * scale);
@@ -285,7 +317,7 @@ int64_t sample_row(const scalar_t* logits, int64_t n, float temperature, int64_t
     double total = 0.0;
     for (double b : s.block_sums) total += b;
     const float needed = static_cast<float>(top_p * total);
-    top_candidates(x, n, std::min(kTopPCandidates, n), s.best);
+    top_candidates(x, n, std::min(kTopPCandidates, n), s.best, s.chunk_max);
     s.mass.resize(s.best.size());
     float inclusive = 0.f;
     for (size_t r = 0; r < s.best.size(); ++r) {
