@@ -91,6 +91,16 @@ def test_top_p_over_a_flat_vocabulary(path):
     assert _tv(right, expected_distribution(logits, 1.0, top_p=0.45)) > 0.09
 
 
+@pytest.mark.parametrize("top_k", [10, 200])
+def test_top_k_over_a_large_vocabulary(path, top_k):
+    """k well under the number of 64-token chunks (the kernel's chunk maxima) and not (bisection)."""
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(8)) * 2
+    right = expected_distribution(logits, 1.0, top_k=top_k, top_p=0.99)
+    frequencies = _frequencies(logits, _meta(40_000, top_k=top_k, top_p=0.99))
+    assert not frequencies[right == 0].any(), "a token outside the kept set was drawn"
+    assert _tv(frequencies, right) < 0.05
+
+
 def test_seeded_draws_do_not_depend_on_the_batch_or_the_path(path):
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(5))
     meta = _meta(64, temperature=0.9, top_k=50, top_p=0.95, num_generated=7)

@@ -17,7 +17,8 @@
 // Cost per row, in passes over its V logits (each vectorised, the row's buffers in L2):
 //   every row: the scaled (and masked) copy with its maximum;
 //   top-k: the maxima of 64-token chunks, then the entries of the chunks that can hold one of
-//     the k best (top_candidates), then k exponentials; no exponentials over the whole row;
+//     the k best (or, for a small vocabulary, the k-th value by bisection: top_candidates), then
+//     k exponentials; no exponentials over the whole row;
 //   otherwise: the exponentials with per-block sums, then the walk of block sums and one block;
 //     top-p first tries the 64 best tokens; when they hold less than p of the mass (a flat
 //     distribution) it bisects the cut value over the float bits (about 30 passes).
@@ -84,52 +85,68 @@ float max_of(const float* x, int64_t n) {
   return out;
 }
 
-// The k best-ranked entries of x[0 .. n) (0 < k <= n) into out, best first. A min-heap of the k
-// best so far, its worst on top; a later entry equal to the worst ranks after it (higher id).
-void top_candidates_by_heap(const float* x, int64_t n, int64_t k, std::vector<Candidate>& out) {
-  out.clear();
-  int64_t i = 0;
-  for (; i < k; ++i) {
-    out.push_back({x[i], i});
-    std::push_heap(out.begin(), out.end(), ranks_before);
-  }
-  float worst = out.front().value;
-  for (; i < n; i += kBlock) {
-    const int64_t end = std::min(i + kBlock, n);
-    if (!(max_of(x + i, end - i) > worst)) continue;
-    for (int64_t j = i; j < end; ++j) {
-      if (x[j] > worst) {
-        std::pop_heap(out.begin(), out.end(), ranks_before);
-        out.back() = {x[j], j};
-        std::push_heap(out.begin(), out.end(), ranks_before);
-        worst = out.front().value;
-      }
-    }
-  }
-  std::sort_heap(out.begin(), out.end(), ranks_before);
+// float -> uint32 in the same order (-inf lowest), and back: a bisection over floats' bits.
+inline uint32_t order_key(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
 }
 
-// The same as top_candidates_by_heap, for k well under the number of 64-token chunks: the k-th
-// largest chunk maximum is at most the k-th largest entry (k chunks hold an entry at least that
-// large), so only the entries at or above it, in the chunks that reach it, are candidates: two
-// vectorised passes and a sort of about k entries, where the heap took one insertion per entry
-// that beat its worst so far.
-void top_candidates(const float* x, int64_t n, int64_t k, std::vector<Candidate>& out,
+inline float from_order_key(uint32_t key) {
+  const uint32_t bits = key & 0x80000000u ? key & 0x7fffffffu : ~key;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+int64_t count_at_least(const float* x, int64_t n, float value) {
+  int64_t count = 0;
+#pragma omp simd reduction(+ : count)
+  for (int64_t j = 0; j < n; ++j) count += x[j] >= value;
+  return count;
+}
+
+// The entries of x[0 .. n) at or above the k-th largest value into out (at least k of them): its
+// value found by bisection over the float bits, about 32 vectorised counting passes.
+void at_least_kth_by_bisection(const float* x, int64_t n, int64_t k, float max_value, std::vector<Candidate>& out) {
+  uint32_t lo = order_key(kNegInf), hi = order_key(max_value) + 1;  // count(lo) >= k > count(hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (count_at_least(x, n, from_order_key(mid)) >= k ? lo : hi) = mid;
+  }
+  const float floor = from_order_key(lo);
+  out.clear();
+  for (int64_t j = 0; j < n; ++j)
+    if (x[j] >= floor) out.push_back({x[j], j});
+}
+
+// The k best-ranked entries of x[0 .. n) (0 < k <= n, max_value their maximum) into out, best
+// first. Where k is well under the number of 64-token chunks, the k-th largest chunk maximum is
+// at most the k-th largest entry (k chunks hold an entry at least that large), so only the
+// entries at or above it, in the chunks that reach it, are candidates: two vectorised passes
+// over the row. Otherwise (a small vocabulary, a large k) the k-th value by bisection. Then a
+// sort of about k candidates.
+void top_candidates(const float* x, int64_t n, int64_t k, float max_value, std::vector<Candidate>& out,
                     std::vector<float>& chunk_max) {
   const int64_t num_chunks = (n + kBlock - 1) / kBlock;
-  if (4 * k > num_chunks) return top_candidates_by_heap(x, n, k, out);
-  chunk_max.resize(2 * num_chunks);  // the maxima, then a copy that nth_element reorders
-  for (int64_t c = 0; c < num_chunks; ++c)
-    chunk_max[c] = chunk_max[num_chunks + c] = max_of(x + c * kBlock, std::min(kBlock, n - c * kBlock));
-  float* order = chunk_max.data() + num_chunks;
-  std::nth_element(order, order + k - 1, order + num_chunks, std::greater<float>());
-  const float floor = order[k - 1];
-  if (!(floor > kNegInf)) return top_candidates_by_heap(x, n, k, out);
-  out.clear();
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    if (!(chunk_max[c] >= floor)) continue;
-    for (int64_t j = c * kBlock; j < std::min(n, (c + 1) * kBlock); ++j)
-      if (x[j] >= floor) out.push_back({x[j], j});
+  float floor = kNegInf;
+  if (4 * k <= num_chunks) {
+    chunk_max.resize(2 * num_chunks);  // the maxima, then a copy that nth_element reorders
+    for (int64_t c = 0; c < num_chunks; ++c)
+      chunk_max[c] = chunk_max[num_chunks + c] = max_of(x + c * kBlock, std::min(kBlock, n - c * kBlock));
+    float* order = chunk_max.data() + num_chunks;
+    std::nth_element(order, order + k - 1, order + num_chunks, std::greater<float>());
+    floor = order[k - 1];
+  }
+  if (floor > kNegInf) {
+    out.clear();
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      if (!(chunk_max[c] >= floor)) continue;
+      for (int64_t j = c * kBlock; j < std::min(n, (c + 1) * kBlock); ++j)
+        if (x[j] >= floor) out.push_back({x[j], j});
+    }
+  } else {
+    at_least_kth_by_bisection(x, n, k, max_value, out);
   }
   std::partial_sort(out.begin(), out.begin() + k, out.end(), ranks_before);
   out.resize(k);
@@ -290,7 +307,7 @@ int64_t sample_row(const scalar_t* logits, int64_t n, float temperature, int64_t
   const float scale = 1.f / temperature;
 
   if (top_k > 0 && top_k < n) {
-    top_candidates(x, n, top_k, s.best, s.chunk_max);
+    top_candidates(x, n, top_k, max_value, s.best, s.chunk_max);
     s.mass.resize(top_k);
     float total = 0.f;
     for (int64_t r = 0; r < top_k; ++r) total += s.mass[r] = weight((s.best[r].value - max_value) * scale);
@@ -317,7 +334,7 @@ int64_t sample_row(const scalar_t* logits, int64_t n, float temperature, int64_t
     double total = 0.0;
     for (double b : s.block_sums) total += b;
     const float needed = static_cast<float>(top_p * total);
-    top_candidates(x, n, std::min(kTopPCandidates, n), s.best, s.chunk_max);
+    top_candidates(x, n, std::min(kTopPCandidates, n), max_value, s.best, s.chunk_max);
     s.mass.resize(s.best.size());
     float inclusive = 0.f;
     for (size_t r = 0; r < s.best.size(); ++r) {
