@@ -55,10 +55,13 @@ struct Candidate {
   int64_t index;
 };
 
-// a ranks before b: a larger value, or the same value and a lower token id.
-inline bool ranks_before(const Candidate& a, const Candidate& b) {
-  return a.value > b.value || (a.value == b.value && a.index < b.index);
-}
+// a ranks before b: a larger value, or the same value and a lower token id. A function object,
+// so that std::partial_sort inlines it (a function pointer was a call per comparison).
+struct RanksBefore {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    return a.value > b.value || (a.value == b.value && a.index < b.index);
+  }
+};
 
 struct Scratch {
   std::vector<float> x, e, mass;
@@ -100,19 +103,27 @@ inline float from_order_key(uint32_t key) {
 }
 
 int64_t count_at_least(const float* x, int64_t n, float value) {
-  int64_t count = 0;
+  int32_t count = 0;  // 32-bit lanes beside the floats' (a vocabulary is far below 2^31)
 #pragma omp simd reduction(+ : count)
-  for (int64_t j = 0; j < n; ++j) count += x[j] >= value;
+  for (int64_t j = 0; j < n; ++j) count += x[j] >= value ? 1 : 0;
   return count;
 }
 
-// The entries of x[0 .. n) at or above the k-th largest value into out (at least k of them): its
-// value found by bisection over the float bits, about 32 vectorised counting passes.
+// Into out, the entries of x[0 .. n) at or above a value with k to 2k of them (at least k: ties):
+// the value by bisection over the float bits, vectorised counting passes until the count is
+// close enough for the caller's sort.
 void at_least_kth_by_bisection(const float* x, int64_t n, int64_t k, float max_value, std::vector<Candidate>& out) {
   uint32_t lo = order_key(kNegInf), hi = order_key(max_value) + 1;  // count(lo) >= k > count(hi)
-  while (hi - lo > 1) {
+  int64_t count_lo = n;
+  while (hi - lo > 1 && count_lo > 2 * k) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    (count_at_least(x, n, from_order_key(mid)) >= k ? lo : hi) = mid;
+    const int64_t count = count_at_least(x, n, from_order_key(mid));
+    if (count >= k) {
+      lo = mid;
+      count_lo = count;
+    } else {
+      hi = mid;
+    }
   }
   const float floor = from_order_key(lo);
   out.clear();
@@ -148,7 +159,7 @@ void top_candidates(const float* x, int64_t n, int64_t k, float max_value, std::
   } else {
     at_least_kth_by_bisection(x, n, k, max_value, out);
   }
-  std::partial_sort(out.begin(), out.begin() + k, out.end(), ranks_before);
+  std::partial_sort(out.begin(), out.begin() + k, out.end(), RanksBefore());
   out.resize(k);
 }
 
