@@ -66,6 +66,7 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
     if kernel is None or meta.adjustments is not None or meta.banned or wants_logprobs:
         logits = logits.float()  # written to, or read by torch: the kernel alone reads bfloat16
     # The kernel applies the grammar's bitmask as it reads a row; the torch path masks the logits.
+    kernel_masks = meta.grammar is not None and kernel is not None
     masks_logits = meta.grammar is not None and kernel is None
     raw = logits
     if meta.adjustments is not None or meta.banned or masks_logits:
@@ -76,7 +77,7 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata
             meta.adjustments.apply(logits)
         for row, ids in meta.banned:
             logits[row, ids] = float("-inf")
-    if meta.all_greedy and not (meta.grammar is not None and kernel is not None):
+    if meta.all_greedy and not kernel_masks:
         tokens = argmax_rows(logits)
     elif kernel is not None:
         tokens = _sample_with_kernel(kernel, logits, meta)

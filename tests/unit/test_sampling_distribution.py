@@ -39,11 +39,18 @@ def expected_distribution(logits: torch.Tensor, temperature, top_k=0, top_p=1.0,
     return (out / out.sum()).numpy()
 
 
+@pytest.fixture
+def kernel():
+    module = sampling_kernel.load()
+    if module is None:
+        pytest.fail("the C++ sampling kernel does not build here")
+    return module
+
+
 @pytest.fixture(params=["kernel", "torch"])
 def path(request, monkeypatch):
     if request.param == "kernel":
-        if sampling_kernel.load() is None:
-            pytest.fail("the C++ sampling kernel does not build here")
+        request.getfixturevalue("kernel")
     else:
         monkeypatch.setattr(sampler.sampling_kernel, "load", lambda: None)
     return request.param
@@ -125,10 +132,7 @@ def test_uniform_draws_are_uniform_and_seeded_per_position():
     assert (uniform_draws(seeds[:5], np.ones(5, np.int64)) != draws[:5]).all()
 
 
-def test_kernel_applies_the_bitmask_to_greedy_and_sampled_rows():
-    kernel = sampling_kernel.load()
-    if kernel is None:
-        pytest.fail("the C++ sampling kernel does not build here")
+def test_kernel_applies_the_bitmask_to_greedy_and_sampled_rows(kernel):
     vocab_size = 100
     logits = torch.randn(4, vocab_size, generator=torch.Generator().manual_seed(6))
     allowed = [3, 37, 64, 99]
@@ -148,10 +152,7 @@ def test_kernel_applies_the_bitmask_to_greedy_and_sampled_rows():
     assert not seen <= set(allowed)  # the unconstrained row is not masked
 
 
-def test_kernel_reads_bfloat16_logits_as_their_float32_values():
-    kernel = sampling_kernel.load()
-    if kernel is None:
-        pytest.fail("the C++ sampling kernel does not build here")
+def test_kernel_reads_bfloat16_logits_as_their_float32_values(kernel):
     logits = torch.randn(8, 500, generator=torch.Generator().manual_seed(7)).bfloat16()
     args = [torch.full((8,), 0.8), torch.full((8,), 20, dtype=torch.int64), torch.full((8,), 0.9), torch.zeros(8),
             torch.rand(8, dtype=torch.float64), torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.bool)]

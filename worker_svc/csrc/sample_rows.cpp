@@ -12,16 +12,19 @@
 // (given by the caller: from the request's seed and position, or from the worker's generator):
 // the first token, in the order walked, whose running mass exceeds u times the kept mass. One
 // random number per row, nothing per token: torch's exponential_ over [256, 32000] alone took
-// 155 ms on a 2-vCPU AMD EPYC, this whole call about a millisecond.
+// 155 ms on a 2-vCPU AMD EPYC (avx512_bf16, 2 threads), this whole call 2.7 ms at temperature 1
+// and 2.6 ms with top-k 50 and top-p 0.95.
 //
 // Cost per row, in passes over its V logits (each vectorised, the row's buffers in L2):
-//   every row: the scaled (and masked) copy with its maximum;
+//   every row: its maximum, read from the logits where they are float32 and unmasked, else from
+//     a float32 copy with the bitmask applied (32 tokens a word);
 //   top-k: the maxima of 64-token chunks, then the entries of the chunks that can hold one of
 //     the k best (or, for a small vocabulary, the k-th value by bisection: top_candidates), then
 //     k exponentials; no exponentials over the whole row;
 //   otherwise: the exponentials with per-block sums, then the walk of block sums and one block;
 //     top-p first tries the 64 best tokens; when they hold less than p of the mass (a flat
-//     distribution) it bisects the cut value over the float bits (about 30 passes).
+//     distribution) it bisects the cut value over the float bits (about 30 passes: 13.5 ms for
+//     [256, 32000] at top-p 0.9 on random logits, the slow case).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
