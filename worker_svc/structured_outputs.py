@@ -24,7 +24,8 @@ metadata before the forward, so the fill runs while the model does; the sampler 
 apply_token_bitmask_inplace writes -inf into the logits.
 
 Exactness: the worker executes plans in order and appends each sampled token itself
-(RequestTable.advance -> on_sampled: the matcher accepts it), so with two plans in flight
+(RequestTable.advance -> on_sampled: the matcher accepts it, on the mask thread before the next
+fill, or at once where it is a stop token), so with two plans in flight
 (async scheduling) the next step's mask already includes the token the scheduler has not seen.
 A request rescheduled after a recompute preemption (or swapped back in) arrives as new with its
 generated tokens: a fresh matcher replays them once its grammar is compiled. Rows are freed with
@@ -102,6 +103,14 @@ class StructuredOutputs:
         # The last for_step's sampled rows, and the positions and matchers of those it masked:
         # the rows whose tokens on_sampled hands to their matchers.
         self._step: tuple[np.ndarray, list[int], list] | None = None
+        # (row ids, matchers, tokens) sampled but not yet accepted: the mask thread accepts them
+        # before its next fill (a stop token is accepted at once: the next step must know
+        # whether it ended the grammar).
+        self._to_accept: tuple[list[int], list, list[int]] | None = None
+        # _masked_rows' last answer: (the rows' state version, the rows, the answer); the version
+        # counts every change of a row's state (added, removed, matcher started, grammar ended).
+        self._version = 0
+        self._masked: tuple[int, np.ndarray, tuple | None] | None = None
         self._batch_matcher = None
 
     # ---- membership ------------------------------------------------------------------------
@@ -110,11 +119,13 @@ class StructuredOutputs:
         """token_ids: the request's prompt, then what it generated before (a recompute)."""
         if params is not None:
             self.rows[row] = _Row(self._compiled(params), token_ids[num_prompt:])
+            self._version += 1
 
     def remove(self, rows: list[int]) -> None:
         if self.rows:
             for row in rows:
                 self.rows.pop(row, None)
+            self._version += 1
 
     def _compiled(self, params: StructuredOutputsParams) -> Future:
         key = msgspec.json.encode(params, order="sorted")
@@ -162,34 +173,52 @@ class StructuredOutputs:
     def for_step(self, rows: np.ndarray) -> StepGrammar | None:
         """rows: the sampled rows in logits order. Waits for grammars still compiling."""
         self._step = None
-        if not self.rows:
+        to_accept, self._to_accept = self._to_accept, None
+        masked = self._masked_rows(rows)
+        if masked is None:
+            if to_accept is not None:  # the thread runs jobs in order: before any later fill
+                self._mask_thread.submit(_accept, *to_accept)
             return None
-        constrained = [(i, self.rows[r]) for i, r in enumerate(rows.tolist()) if r in self.rows]
-        if not constrained:
-            return None
-        errors, indices, matchers = {}, [], []
-        for i, state in constrained:
-            if state.matcher is None and state.error is None:
-                self._start_matcher(state)
-            if state.error is not None:
-                errors[i] = state.error
-            elif not state.terminated:
-                indices.append(i)
-                matchers.append(state.matcher)
+        errors, indices, matchers = masked
         self._step = (rows, indices, matchers)
         bitmask = self._bitmask_for(len(rows))
         filling = None
-        if matchers:
+        if matchers or to_accept is not None:
             if self._mask_thread is None:
                 self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-            filling = self._mask_thread.submit(self._batch_matcher.batch_fill_next_token_bitmask, matchers,
-                                               bitmask, indices)
+            filling = self._mask_thread.submit(self._accept_and_fill, to_accept, matchers, bitmask, indices)
         # A terminated matcher (the grammar is complete) allows only EOS; one that ignores EOS
         # goes on unconstrained, as vLLM's does.
         return StepGrammar(bitmask, indices, errors, filling)
 
+    def _masked_rows(self, rows: np.ndarray) -> tuple[dict[int, str], list[int], list] | None:
+        """For the sampled rows (logits order): the failed ones' reasons by index, the indices
+        to mask and their matchers; None where no row is constrained. Kept while the rows and
+        every row's state stay the same (a steady batch of decodes), so such a step pays one
+        comparison of the rows, not a look-up per row."""
+        if not self.rows:
+            return None
+        if self._masked is not None and self._masked[0] == self._version and np.array_equal(self._masked[1], rows):
+            return self._masked[2]
+        constrained = [(i, self.rows[r]) for i, r in enumerate(rows.tolist()) if r in self.rows]
+        masked = None
+        if constrained:
+            errors, indices, matchers = {}, [], []
+            for i, state in constrained:
+                if state.matcher is None and state.error is None:
+                    self._start_matcher(state)
+                if state.error is not None:
+                    errors[i] = state.error
+                elif not state.terminated:
+                    indices.append(i)
+                    matchers.append(state.matcher)
+            masked = errors, indices, matchers
+        self._masked = (self._version, rows.copy(), masked)
+        return masked
+
     def _start_matcher(self, state: _Row) -> None:
         import xgrammar
+        self._version += 1
         try:
             state.matcher = xgrammar.GrammarMatcher(state.grammar.result(), override_stop_tokens=self.eos_token_ids)
         except GrammarError as e:
@@ -209,10 +238,18 @@ class StructuredOutputs:
             self._batch_matcher = self._batch_matcher or xgrammar.BatchGrammarMatcher()
         return self._bitmask[:num_rows]
 
+    def _accept_and_fill(self, to_accept, matchers: list, bitmask: torch.Tensor, indices: list[int]) -> None:
+        """On the mask thread: the last step's tokens accepted, then this step's bitmask filled."""
+        if to_accept is not None:
+            _accept(*to_accept)
+        if matchers:
+            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices)
+
     def on_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        """rows got tokens: the matchers that constrained them this step (for_step's) accept them.
-        One accept_token call each: xgrammar's batch_accept_token took twice as long for 256
-        matchers (its result list is converted element by element)."""
+        """rows got tokens: the matchers that constrained them this step (for_step's) are to accept
+        them, on the mask thread before its next fill (while the next forward runs), one
+        accept_token call each (xgrammar's batch_accept_token took twice as long for 256
+        matchers: its result list is converted element by element)."""
         step, self._step = self._step, None
         if step is None or not len(rows):  # nothing masked, or nothing sampled (a prefill chunk)
             return
@@ -220,12 +257,21 @@ class StructuredOutputs:
         assert np.array_equal(step_rows, rows), "the sampled rows are the rows for_step masked"
         if not matchers:
             return
-        for i, token, matcher in zip(indices, tokens[indices].tolist(), matchers):
-            if not matcher.accept_token(token):
-                log.warning("row %d: token %d does not follow its grammar", rows[i], token)
-            elif token in self._stop_tokens:
-                state = self.rows[int(rows[i])]
-                state.terminated = state.matcher.is_terminated()
+        now, later = [], []
+        for row, matcher, token in zip(rows[indices].tolist(), matchers, tokens[indices].tolist()):
+            (now if token in self._stop_tokens else later).append((row, matcher, token))
+        for row, matcher, token in now:
+            _accept([row], [matcher], [token])
+            self.rows[row].terminated = matcher.is_terminated()
+            self._version += 1
+        if later:
+            self._to_accept = tuple(map(list, zip(*later)))
+
+
+def _accept(rows: list[int], matchers: list, tokens: list[int]) -> None:
+    for row, matcher, token in zip(rows, matchers, tokens):
+        if not matcher.accept_token(token):
+            log.warning("row %d: token %d does not follow its grammar", row, token)
 
 
 # A JSON string's characters: not '"', not '\\', not a control character (as a regex over the
