@@ -2,17 +2,12 @@
 and its paged decode attention in one call), built on first use (native_build.py). Where it
 cannot be built the attention falls back to plain torch.
 """
+import functools
+
 from worker_svc import native_build
 
-_module = None
-_tried = False
 
-
+@functools.cache
 def load() -> object | None:
     """The extension module (its `write_kv_and_decode`), or None where it does not build."""
-    global _module, _tried
-    if not _tried:
-        _tried = True
-        _module = native_build.build("paged_decode_attention.cpp", "stepserve_decode_attention",
-                                     "decode attention kernel")
-    return _module
+    return native_build.build("paged_decode_attention.cpp", "stepserve_decode_attention", "decode attention kernel")

@@ -1,16 +1,12 @@
 """The C++ sampling kernel (csrc/sample_rows.cpp: bitmask, temperature, top-k, top-p, min-p and the
 draw of every row in one call), built on first use (native_build.py). Where it cannot be built
 the sampler runs its torch path."""
+import functools
+
 from worker_svc import native_build
 
-_module = None
-_tried = False
 
-
+@functools.cache
 def load() -> object | None:
     """The extension module (its `sample_rows`), or None where it does not build."""
-    global _module, _tried
-    if not _tried:
-        _tried = True
-        _module = native_build.build("sample_rows.cpp", "stepserve_sample_rows", "sampling kernel")
-    return _module
+    return native_build.build("sample_rows.cpp", "stepserve_sample_rows", "sampling kernel")
