@@ -8,8 +8,8 @@ Each case is FOLDER:DTYPE:NUM_PROMPTS, the same Hugging Face folder for both eng
 workload is `stepserve bench throughput`'s (random 16-token prompts, exactly 16 output tokens,
 EOS ignored, generation timed), greedy unless the sampling flags (--temperature, --top-p,
 --top-k, --min-p, --seed) say otherwise; vLLM runs it through benchmarks/vllm_cpu_throughput.py
-unless --vllm-script names another script that takes the same flags. Each engine runs in a fresh process on all cores;
-vllm-cpu with the settings its docs recommend on 2 cores (threads bound to every core, 2 GB of
+unless --vllm-script names another script that takes the same flags. Each engine runs in a
+fresh process on all cores; vllm-cpu with the settings its docs recommend on 2 cores (threads bound to every core, 2 GB of
 KV cache) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
 summary with medians and ratios, with the CPU's model name and its matmul flags.
 """

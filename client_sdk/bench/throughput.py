@@ -1,6 +1,7 @@
 """Offline throughput, measured like vLLM's `vllm bench throughput`: random prompt ids, exactly
---output-len new tokens (ignore_eos; greedy unless --temperature says otherwise), every prompt handed over at once, timed over the
-generation phase only (start-up and a small warm-up excluded).
+--output-len new tokens (ignore_eos; greedy unless --temperature says otherwise), every prompt
+handed over at once, timed over the generation phase only (start-up and a small warm-up
+excluded).
 
     stepserve bench throughput --model tiny-llama --num-prompts 10000 --input-len 16 --output-len 16 --json
 
