@@ -73,7 +73,7 @@ class StepGrammar:
             self.filling = None
 
     def apply(self, logits: torch.Tensor) -> None:
-        self.wait()
+        """After wait() (the sampler waits first): -inf where the bitmask disallows."""
         if self.indices:
             import xgrammar
             xgrammar.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=logits.shape[-1],

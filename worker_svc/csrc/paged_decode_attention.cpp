@@ -23,7 +23,7 @@
 // token showed, so: scratch buffers live per thread across calls, keys are walked block by
 // block (no division per key), where the CPU has AVX-512 or AVX2 and head_dim is a multiple of
 // the lanes (16 or 8) each query head's dot products and output accumulators stay in registers
-// (bfloat16 and float16 widened in them), the softmax's exponentials run vectorised (a polynomial exp, below), and a step too
+// (bfloat16 and float16 widened in them), the softmax's exponentials run vectorised (simd_math.h's polynomial exp), and a step too
 // small to share runs on the calling thread without an OpenMP region (micro-llama's worker has
 // one thread, where the region was pure overhead; with several threads a small step would pay
 // the fork and join for microseconds of work). Measured on a 2-vCPU AMD EPYC (avx512), one
