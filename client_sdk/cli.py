@@ -71,7 +71,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         ("--max-prompts-per-request", args.max_prompts_per_request)):
         if value is not None:  # 0 means no bound
             gateway_args += [flag, str(value)]
-    return _run_until_stopped(cluster, lambda: cluster.start_gateway(gateway_args, host=args.host, port=args.port))
+    if args.api_server_count > 1:
+        gateway_args.append("--reuse-port")
+
+    def start_gateways() -> str:
+        """The first gateway on --port; the others on the port it bound (--port may be 0)."""
+        url = cluster.start_gateway(gateway_args, host=args.host, port=args.port)
+        for _ in range(args.api_server_count - 1):
+            cluster.start_gateway(gateway_args, host=args.host, port=int(url.rsplit(":", 1)[1]))
+        return url
+
+    return _run_until_stopped(cluster, start_gateways)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -173,6 +183,9 @@ def main(argv=None) -> int:
     add_cluster_flags(serve)
     serve.add_argument("--host", default="127.0.0.1", help="the gateway's address")
     serve.add_argument("--port", type=int, default=8000, help="the gateway's port (0: any free one)")
+    serve.add_argument("--api-server-count", type=int, default=1,
+                       help="gateway processes sharing --port (vLLM's name): on a host with cores to spare, more "
+                            "HTTP work in parallel; each one's /metrics counts the requests it served")
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-num-requests", type=int, default=0)

@@ -39,8 +39,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the KV of common prompt prefixes (default: on for attention models)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="plan each step while the worker runs the one before "
-                        "(default: on for CUDA workers, off for CPU ones)")
+                   help="plan each step while the worker runs the one before (default: on)")
 
 
 # Which process takes each option of a local cluster: the flag is the option's name with dashes.

@@ -1,4 +1,4 @@
-"""python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000
+"""python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000 [--reuse-port]
 [--api-key KEY] [--served-model-name NAME] [--max-num-requests N] [--batch-dir DIR]
 [--max-request-body-bytes N] [--max-prompts-per-request N]
 [--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ to the scheduler; or the SDK's variables)"""
@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sqlite3
 import sys
 
@@ -27,6 +28,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scheduler", default="tcp://127.0.0.1:5555", help="the scheduler's frontend address")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed on the ready line)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="bind with SO_REUSEPORT, so that several gateways share --port (the kernel spreads the "
+                        "connections over them): `stepserve serve --api-server-count N`")
     p.add_argument("--api-key", default=os.environ.get("STEPSERVE_API_KEY") or None,
                    help="required as 'Authorization: Bearer KEY' on /v1/* (default: $STEPSERVE_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the model's)")
@@ -65,6 +69,16 @@ def _batch_store(batch_dir: str | None) -> BatchStore | None:
         return None
 
 
+def _shared_socket(host: str, port: int) -> socket.socket:
+    """A listening address that other gateways may bind too (SO_REUSEPORT)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    return sock
+
+
 async def serve(args: argparse.Namespace) -> None:
     client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout, curve_server_key=args.curve_server_key,
                          curve_secret_key=args.curve_secret_key)
@@ -76,7 +90,8 @@ async def serve(args: argparse.Namespace) -> None:
                             http="auto", log_level=args.log_level.lower(), access_log=False,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
+    serving = asyncio.ensure_future(server.serve(sockets=[_shared_socket(args.host, args.port)] if args.reuse_port
+                                                 else None))
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
     if server.started:

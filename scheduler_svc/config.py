@@ -19,17 +19,15 @@ class SchedulerConfig:
     # Attention models only: the core turns it off where the worker holds Mamba state slots.
     enable_prefix_caching: bool = True
     # Plan step N+1 while the worker runs step N (two plans in flight); the service's choice,
-    # the core allows it either way. None: on for CUDA workers, off for CPU ones, where the
-    # scheduler's planning competes with the forward for the same cores and measured slower
-    # (README, benchmarks/async_scheduling.py).
-    async_scheduling: bool | None = None
+    # the core allows it either way. On by default on every device: on a 2-vCPU CPU it measured
+    # faster offline and served with lower latency (docs/figures.md, benchmarks/async_scheduling.py,
+    # benchmarks/serve_peers.py).
+    async_scheduling: bool = True
 
-    def plans_in_flight(self, device: str) -> int:
-        """How many plans the service keeps in flight for a worker on `device`."""
-        enabled = self.async_scheduling
-        if enabled is None:
-            enabled = device.startswith("cuda")
-        return 2 if enabled else 1
+    @property
+    def plans_in_flight(self) -> int:
+        """How many plans the service keeps in flight for a replica."""
+        return 2 if self.async_scheduling else 1
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

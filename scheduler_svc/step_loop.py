@@ -33,7 +33,7 @@ class ReplicaDriver:
         self.replica = replica
         self.service = service
         self.core = replica.core
-        self.plans_in_flight = service.config.plans_in_flight(replica.hello.device)
+        self.plans_in_flight = service.config.plans_in_flight
         # Requests the core holds waiting at most: a late or a lightly loaded replica takes work
         # at once, and a dead replica's requests go back to the front of `pending`.
         self.watermark = 2 * service.config.max_num_seqs

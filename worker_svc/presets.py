@@ -3,7 +3,8 @@
 They let every test, benchmark and demo run with no download. `tiny-llama` is the shape the
 peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape; `tiny-qwen3`
 is tiny-llama's size with Qwen3's traits (q/k norms, grouped-query attention, a head_dim of 128
-that is not hidden / heads, tied embeddings); `tiny-mixtral` is tiny-llama with a mixture of experts.
+that is not hidden / heads, tied embeddings); `tiny-mixtral` is tiny-llama with a mixture of experts;
+`qwen3-0.6b` is Qwen/Qwen3-0.6B's shape, the real-size model benchmarks name.
 """
 from worker_svc.byte_tokenizer import LLAMA_SPECIALS, OPT_SPECIALS
 
@@ -56,6 +57,7 @@ PRESETS: dict[str, dict] = {
     "tiny-llama": _llama(32000, 256, 688, 4, 4, 4, 2048),
     "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
     "tiny-qwen3": _qwen3(32000, 256, 688, 4, 4, 2, 128, 2048),
+    "qwen3-0.6b": _qwen3(151936, 1024, 3072, 28, 16, 8, 128, 40960),
     # tiny-llama's shape with 8 experts of its MLP per layer, 2 per token (Mixtral's ratio),
     # and grouped-query attention (4 heads over 2 KV heads).
     "tiny-mixtral": _mixtral(32000, 256, 688, 4, 4, 2, 8, 2, 2048),

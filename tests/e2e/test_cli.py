@@ -16,10 +16,12 @@ def test_bench_throughput_prints_vllm_line_and_json():
     assert result["num_prompts"] == 300 and result["requests_per_second"] > 0
     assert result["tokens_per_second"] > result["output_tokens_per_second"] > 0
     assert result["config"]["model"] == "micro-llama"
-    # Each prompt is the shared 32 tokens (two blocks), then 8 of its own. Those admitted in the
-    # first step (8192 // 40 = 204) compute the prefix themselves; it is cached after that step.
+    # Each prompt is the shared 32 tokens (two blocks), then 8 of its own. A replica's prefix is
+    # cached once the result of the step that computed it is applied; with async scheduling the
+    # step after it was planned before that, so the prompts admitted in a replica's first two
+    # steps compute it themselves, and the later ones find both blocks.
     assert result["prefix_len"] == 32 and result["prefix_cache_queries"] == 300 * 40
-    assert result["prefix_cache_hits"] >= 50 * 32 and result["prefix_cache_hits"] % 32 == 0
+    assert result["prefix_cache_hits"] >= 32 and result["prefix_cache_hits"] % 32 == 0
 
 
 def test_generate_prints_a_completion():

@@ -49,3 +49,16 @@ def test_serve_answers_openai_and_bench_serve_measures_it_both_ways(tmp_path):
     for pattern in (f"gateway_svc .*--port {port}", f"scheduler_svc .*127.0.0.1:{workers}",
                     f"worker_svc .*127.0.0.1:{workers}"):
         assert not pids(pattern), pattern
+
+
+def test_api_server_count_starts_gateways_that_share_the_port():
+    port = free_port()
+    with until_ctrl_c("serve", *SMALL, "--port", str(port), "--api-server-count", "2") as line:
+        assert f"http://127.0.0.1:{port}/v1" in line
+        assert len(pids(f"gateway_svc .*--port {port} .*--reuse-port")) == 2
+        for _ in range(6):  # a connection each: the kernel picks the gateway that answers it
+            with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused") as api:
+                out = api.completions.create(model="micro-llama", prompt=[5, 6, 7], max_tokens=2,
+                                             extra_body={"ignore_eos": True})
+                assert out.usage.completion_tokens == 2
+    assert not pids(f"gateway_svc .*--port {port}")
