@@ -5,7 +5,8 @@ same Hugging Face folder, engines alternating (A B, then B A).
         --case 1:64 --case 16:512 --case 256:2000 --sampling default --sampling greedy --rounds 2 --json
 
 Each round starts each engine's server afresh, each with its own defaults (--stepserve-arg and
---vllm-arg add flags), and runs every case (CONCURRENCY:NUM_PROMPTS) in every sampling against
+--vllm-arg add flags), warms it with an untimed run (twice the highest concurrency's prompts at
+that concurrency: both engines compile for new batch shapes on first sight), and runs every case (CONCURRENCY:NUM_PROMPTS) in every sampling against
 it with vLLM's benchmark client: its random dataset, --input-len tokens in and --output-len out,
 streamed completions, EOS ignored. Sampling `default` sends no temperature, so each server's
 default (1.0); `greedy` sends temperature 0. vLLM's CLI runs through benchmarks/vllm_cli.py, and
@@ -259,6 +260,9 @@ def main(argv=None) -> int:
             cmd, env = server_command(engine, args, port)
             log_path = os.path.join(log_dir, f"{engine}-{round_index}.log")
             with running_server(cmd, env, port, log_path, args.start_timeout) as server_pid:
+                # Untimed: what a server does once (compiling for new batch shapes) is not its speed.
+                busiest = max(concurrency for concurrency, _ in args.case)
+                run_client(args, port, server_pid, busiest, 2 * busiest, args.sampling[0])
                 for concurrency, num_prompts in args.case:
                     for sampling in args.sampling:
                         run = {"round": round_index, "engine": engine, "concurrency": concurrency,
