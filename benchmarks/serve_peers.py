@@ -253,6 +253,7 @@ def main(argv=None) -> int:
     cpu = cpu_summary()
     print(f"cpu: {cpu}", flush=True)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="serve-peers-")
+    os.makedirs(log_dir, exist_ok=True)
     runs = []
     for round_index in range(args.rounds):
         for engine in engines if round_index % 2 == 0 else engines[::-1]:
