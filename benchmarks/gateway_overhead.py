@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gateway_overhead")
     add_cluster_flags(parser)
     add_serving_args(parser)
+    parser.set_defaults(temperature=0.0)  # greedy, as its figures were measured
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[20.0, 50.0, float("inf")])
     parser.add_argument("--rounds", type=int, default=2)
     result = asyncio.run(run(parser.parse_args(argv)))
