@@ -10,7 +10,8 @@ that concurrency: both engines compile for new batch shapes on first sight), and
 it with vLLM's benchmark client: its random dataset, --input-len tokens in and --output-len out,
 streamed completions, EOS ignored. Sampling `default` sends no temperature, so each server's
 default (1.0); `greedy` sends temperature 0. vLLM's CLI runs through benchmarks/vllm_cli.py, and
-its server with tcmalloc and Intel OpenMP preloaded when found, as its docs recommend.
+its server with tcmalloc and Intel OpenMP preloaded when found and a KV cache of
+--vllm-kv-cache-gb, as its docs recommend for CPUs.
 
 Without --vllm-python only stepserve runs, measured by `stepserve bench serve` (the same
 metrics, its own client): what the test does. Besides the client's figures, every run records
@@ -134,7 +135,8 @@ def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[li
         return ([sys.executable, "-m", "client_sdk.cli", "serve", "--model", args.model, "--dtype", args.dtype,
                  "--port", str(port), "--served-model-name", args.served_model_name, *args.stepserve_arg],
                 dict(os.environ))
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", LD_PRELOAD=vllm_preload(args.vllm_python))
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", LD_PRELOAD=vllm_preload(args.vllm_python),
+               VLLM_CPU_KVCACHE_SPACE=str(args.vllm_kv_cache_gb))
     return ([args.vllm_python, _VLLM_CLI, "serve", args.model, "--dtype", args.dtype, "--port", str(port),
              "--served-model-name", args.served_model_name, "--seed", str(args.seed), *args.vllm_arg], env)
 
@@ -231,6 +233,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for `stepserve serve`")
     p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
+    p.add_argument("--vllm-kv-cache-gb", type=int, default=2,
+                   help="VLLM_CPU_KVCACHE_SPACE for vllm serve: left unset, vllm-cpu 0.32 sized its KV cache to "
+                        "nearly all of a 24 GB host's memory and thrashed at concurrency 256")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")
     p.add_argument("--client-timeout", type=float, default=900.0,
                    help="seconds one benchmark run may take; past it, its requests count as failed")
