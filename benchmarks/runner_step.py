@@ -66,7 +66,7 @@ class _Mode:
         runner._sample = _Timed(runner._sample, self.totals, "sampling", device)
         self.ids = [f"r{i}" for i in range(args.batch)]
         rng = np.random.default_rng(0)
-        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True)
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.steps + 1, ignore_eos=True)
         blocks = np.arange(args.batch * blocks_per_request).reshape(args.batch, -1).tolist()
         prefill = StepPlan(step_id=0, finished_ids=[], preempted_ids=[], running_requests=[],
                            new_requests=[NewRequestData(
@@ -121,6 +121,7 @@ def main():
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has bf16 units, else float32")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled, graphs")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")

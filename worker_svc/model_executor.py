@@ -75,6 +75,9 @@ class ModelExecutor:
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
             self._forward = compile(ForwardWithGreedyHead(model))
+            # A step with no greedy rows passes none: torch.compile specialises a dimension of
+            # size 0, so that step runs a graph of its own, without the head.
+            self._no_rows = torch.zeros(0, dtype=torch.int64, device=device)
             self._logits = compile(model.compute_logits)
             self.compiled = True
 
@@ -94,12 +97,14 @@ class ModelExecutor:
         if not self.compiled:
             hidden = self._forward(input_ids, positions)
             return hidden, self._argmax_of_logits(hidden, greedy_indices)
-        num = 0 if greedy_indices is None else len(greedy_indices)
+        if greedy_indices is None:  # no head: the graph compiled for zero rows skips it
+            hidden, _ = self._forward(input_ids, positions, self._no_rows)
+            return hidden, None
+        num = len(greedy_indices)
         indices = np.zeros(padded_size(num), dtype=np.int64)  # padding rows: row 0, ignored
-        if num:
-            indices[:num] = greedy_indices
+        indices[:num] = greedy_indices
         hidden, tokens = self._forward(input_ids, positions, torch.from_numpy(indices).to(self.device))
-        return hidden, (tokens[:num].cpu().numpy() if greedy_indices is not None else None)
+        return hidden, tokens[:num].cpu().numpy()
 
     def _argmax_of_logits(self, hidden: torch.Tensor, greedy_indices: np.ndarray | None) -> np.ndarray | None:
         """The greedy tokens of a forward that ran without its head (eager, a CUDA graph's replay)."""
@@ -113,8 +118,7 @@ class ModelExecutor:
         captures (its greedy head runs on a bucket of row 0); the eager model if not compiled."""
         if not self.compiled:
             return self._forward
-        no_rows = torch.zeros(TOKEN_BUCKET, dtype=torch.int64, device=self.device)
-        return lambda input_ids, positions: self._forward(input_ids, positions, no_rows)[0]
+        return lambda input_ids, positions: self._forward(input_ids, positions, self._no_rows)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] -> logits [S, vocab] in the model's dtype (model.compute_logits)."""
@@ -129,15 +133,16 @@ class ModelExecutor:
 
     def warm_up(self, run_forward) -> float:
         """Compiles every function on dummy shapes before the first request; the seconds it took.
-        run_forward(num_tokens) runs one all-padding forward through the runner's own path
-        and returns its hidden states.
+        run_forward(num_tokens, greedy_indices=None) runs one all-padding forward through the
+        runner's own path and returns its hidden states.
         A compiler that fails here (no C++ toolchain, an unsupported op) leaves the worker
         serving eagerly rather than not at all."""
         if not self.compiled:
             return 0.0
         start = time.perf_counter()
         try:
-            hidden = run_forward(2 * TOKEN_BUCKET)
+            hidden = run_forward(2 * TOKEN_BUCKET)  # a step that samples, or samples nothing
+            run_forward(2 * TOKEN_BUCKET, np.arange(TOKEN_BUCKET))  # an all-greedy step: the head in the graph
             self.logits(hidden)
         except Exception:
             log.exception("torch.compile failed; the model runs eagerly")

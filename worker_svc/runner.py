@@ -131,13 +131,13 @@ class ModelRunner:
             decode_kernel.load()
         return ModelExecutor(self.model, self.device, compile_model)
 
-    def _padding_forward(self, num_tokens: int) -> torch.Tensor:
+    def _padding_forward(self, num_tokens: int, greedy_indices: np.ndarray | None = None) -> torch.Tensor:
         """A forward of padding tokens only (they touch nothing but the scratch block)."""
         no_seqs = np.zeros(0, dtype=np.int64)
         inputs = StepInputs.empty(num_tokens, self.scratch_slot)
         context = self._forward_context(inputs, no_seqs, no_seqs)
         with forward_context(context):
-            return self.executor.forward(*self._token_tensors(inputs))[0]
+            return self.executor.forward(*self._token_tensors(inputs), greedy_indices)[0]
 
     # ---- the step ------------------------------------------------------------------------
 
