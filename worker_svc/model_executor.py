@@ -2,7 +2,8 @@
 
 Compiled means torch.compile with the inductor backend, weights frozen (folded in as constants,
 so oneDNN gets prepacked layouts) and the number of tokens dynamic: one compile at start-up
-serves every batch of decodes, prefills and mixes. Token counts are padded to a bucket (a
+serves every batch of decodes, prefills and mixes (two graphs of the forward: with the greedy
+head, and for steps with no greedy rows without it). Token counts are padded to a bucket (a
 multiple of 8), which keeps 0- and 1-sized dimensions (which torch specialises on) out of the
 graph; on CPU a dynamic token dimension also selects oneDNN for float32 matmuls, where MKL's
 packed path is what inductor picks for static shapes (3x slower on the AMD CPUs measured). The
@@ -115,7 +116,7 @@ class ModelExecutor:
     @property
     def compiled_forward(self):
         """The compiled forward alone, (input_ids, positions) -> hidden, what a CUDA graph
-        captures (its greedy head runs on a bucket of row 0); the eager model if not compiled."""
+        captures (the graph for zero greedy rows: no head); the eager model if not compiled."""
         if not self.compiled:
             return self._forward
         return lambda input_ids, positions: self._forward(input_ids, positions, self._no_rows)[0]
