@@ -28,7 +28,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="share the KV of common prompt prefixes (attention models; off for state models)")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=SchedulerConfig.async_scheduling,
                    help="plan each step while the worker runs the one before (two plans in flight; default: on)")
     p.add_argument("--worker-timeout", type=float, default=10.0,
                    help="seconds of silence after which a worker is dropped and its requests requeued")
