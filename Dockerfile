@@ -20,6 +20,7 @@ COPY scheduler_svc ./scheduler_svc
 COPY worker_svc ./worker_svc
 COPY client_sdk ./client_sdk
 COPY gateway_svc ./gateway_svc
+COPY stepserve ./stepserve
 COPY benchmarks ./benchmarks
 RUN pip install ".[server]"
 

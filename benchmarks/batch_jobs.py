@@ -24,7 +24,7 @@ import time
 from benchmarks.cpu_info import cpu_summary
 from benchmarks.flood import rss_mb
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 
 
 def write_input(path: str, num_lines: int, prompt_len: int, max_tokens: int, seed: int = 0) -> list[list[int]]:
@@ -43,7 +43,7 @@ def write_input(path: str, num_lines: int, prompt_len: int, max_tokens: int, see
 
 
 def start_run_batch(address: str, src: str, out: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "client_sdk.cli", "run-batch", "--address", address, "-i", src,
+    return subprocess.Popen([sys.executable, "-m", "stepserve.cli", "run-batch", "--address", address, "-i", src,
                              "-o", out, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

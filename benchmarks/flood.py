@@ -10,7 +10,7 @@ import random
 import time
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 
 
 def rss_mb(pid: int, field: str = "VmHWM") -> float:

@@ -13,10 +13,10 @@ import os
 import statistics
 import sys
 
-from client_sdk.bench.serving import add_serving_args, measure
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, cluster_args
-from client_sdk.launcher import LocalCluster
+from stepserve.bench.serving import add_serving_args, measure
+from stepserve.cluster_args import add_cluster_flags, cluster_args
+from stepserve.launcher import LocalCluster
 
 KEYS = ("request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "mean_e2el_ms")
 

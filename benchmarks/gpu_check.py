@@ -35,9 +35,9 @@ import time
 
 import torch
 
-from client_sdk.launcher import LocalCluster, ProcessExited
 from client_sdk.sync_client import Client
 from protocol.sampling import SamplingParams
+from stepserve.launcher import LocalCluster, ProcessExited
 
 FAMILIES = ("llama", "opt", "qwen2", "jamba")
 MODES = {"eager": ["--enforce-eager"], "compiled": ["--max-cudagraph-capture-size", "0"], "graphs": []}
@@ -201,7 +201,7 @@ def bench_cluster(args, async_scheduling: bool | None, data_parallel_size: int =
 def bench_throughput(address: str, num_prompts: int, timeout_s: float) -> dict:
     """`stepserve bench throughput` against a running cluster; its JSON line. The seed differs
     per count: the same seed would repeat the smaller run's prompts, found in the prefix cache."""
-    command = [sys.executable, "-c", "import sys; from client_sdk.cli import main; sys.exit(main())",
+    command = [sys.executable, "-c", "import sys; from stepserve.cli import main; sys.exit(main())",
                "bench", "throughput", "--address", address, "--num-prompts", str(num_prompts),
                "--input-len", "16", "--output-len", "16", "--seed", str(num_prompts), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=timeout_s)

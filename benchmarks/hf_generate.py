@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from client_sdk.bench.throughput import random_prompts
+from stepserve.bench.throughput import random_prompts
 from worker_svc import presets
 
 

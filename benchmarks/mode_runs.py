@@ -7,10 +7,10 @@ import fcntl
 import json
 import statistics
 
-from client_sdk.bench.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, cluster_args
-from client_sdk.launcher import LocalCluster
+from stepserve.bench.throughput import add_throughput_args, measure
+from stepserve.cluster_args import add_cluster_flags, cluster_args
+from stepserve.launcher import LocalCluster
 
 
 def mode_parser(prog: str, doc: str, rounds_help: str) -> argparse.ArgumentParser:

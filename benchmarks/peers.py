@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from client_sdk.bench.throughput import add_sampling_args, sampling_flags
+from stepserve.bench.throughput import add_sampling_args, sampling_flags
 
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
@@ -34,7 +34,7 @@ def _last_json(stdout: str) -> dict:
 
 
 def run_stepserve(folder: str, dtype: str, num_prompts: int, sampling: list[str], extra: list[str]) -> float:
-    cmd = [sys.executable, "-m", "client_sdk.cli", "bench", "throughput", "--model", folder, "--dtype", dtype,
+    cmd = [sys.executable, "-m", "stepserve.cli", "bench", "throughput", "--model", folder, "--dtype", dtype,
            "--num-prompts", str(num_prompts), "--json", *sampling, *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return _last_json(out)["requests_per_second"]

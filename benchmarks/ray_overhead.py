@@ -13,10 +13,10 @@ import time
 
 from benchmarks.cpu_info import cpu_summary
 from benchmarks.mode_runs import medians_by_mode, mode_parser, mode_summary, run_mode_benchmark, run_rounds
-from client_sdk.bench.throughput import measure
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import cluster_args
-from client_sdk.launcher import LocalCluster
+from stepserve.bench.throughput import measure
+from stepserve.cluster_args import cluster_args
+from stepserve.launcher import LocalCluster
 
 MODES = ("ray", "local")
 
@@ -26,7 +26,7 @@ async def run_once(args: argparse.Namespace, mode: str) -> dict:
     spec = LocalCluster(args.model, args.data_parallel_size, scheduler_args=scheduler, worker_args=worker,
                         tensor_parallel_size=args.tensor_parallel_size)
     if mode == "ray":
-        from client_sdk.ray_cluster import RayCluster  # starts a local Ray, and shuts it down at stop()
+        from stepserve.ray_cluster import RayCluster  # starts a local Ray, and shuts it down at stop()
         cluster = RayCluster(spec)
     else:
         cluster = spec

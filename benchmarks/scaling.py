@@ -13,9 +13,9 @@ import json
 import statistics
 import sys
 
-from client_sdk.bench.throughput import add_throughput_args, measure
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import add_cluster_flags, service_address
+from stepserve.bench.throughput import add_throughput_args, measure
+from stepserve.cluster_args import add_cluster_flags, service_address
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -132,7 +132,7 @@ def tree_cpu_seconds(root: int) -> dict[str, float]:
 
 def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     if engine == "stepserve":
-        return ([sys.executable, "-m", "client_sdk.cli", "serve", "--model", args.model, "--dtype", args.dtype,
+        return ([sys.executable, "-m", "stepserve.cli", "serve", "--model", args.model, "--dtype", args.dtype,
                  "--port", str(port), "--served-model-name", args.served_model_name, *args.stepserve_arg],
                 dict(os.environ))
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", LD_PRELOAD=vllm_preload(args.vllm_python),
@@ -149,7 +149,7 @@ def client_command(args: argparse.Namespace, port: int, concurrency: int, num_pr
               *greedy]
     url = f"http://127.0.0.1:{port}"
     if args.vllm_python is None:
-        return [sys.executable, "-m", "client_sdk.cli", "bench", "serve", "--base-url", url,
+        return [sys.executable, "-m", "stepserve.cli", "bench", "serve", "--base-url", url,
                 "--served-model-name", args.served_model_name, "--input-len", str(args.input_len),
                 "--output-len", str(args.output_len), "--json", result_path, *common]
     return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", "--base-url", url,

@@ -1,9 +1,10 @@
-"""The stepserve Python SDK: AsyncClient, Client (blocking) and LLM (local offline runs)."""
+"""The stepserve Python SDK: AsyncClient and Client (blocking), the clients of a running service.
+It needs neither torch nor the server's packages (`LLM`, which starts its own service, is
+`stepserve.LLM`)."""
 from importlib.metadata import PackageNotFoundError, version
 
 from client_sdk.client import AsyncClient
 from client_sdk.errors import AuthenticationError, ChatTemplateError, RequestError, ServiceError
-from client_sdk.llm import LLM
 from client_sdk.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from client_sdk.sync_client import Client
 from protocol.sampling import SamplingParams, StructuredOutputsParams
@@ -13,6 +14,6 @@ try:
 except PackageNotFoundError:  # run from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "AsyncClient", "Client", "LLM", "RequestOutput", "CompletionOutput", "Logprob", "StreamDelta",
+__all__ = ["__version__", "AsyncClient", "Client", "RequestOutput", "CompletionOutput", "Logprob", "StreamDelta",
            "RequestError", "ServiceError", "AuthenticationError", "ChatTemplateError", "SamplingParams",
            "StructuredOutputsParams"]

@@ -1,5 +1,5 @@
-"""`stepserve run-batch -i IN.jsonl -o OUT.jsonl` (its flags: client_sdk/cli.py): an OpenAI batch file run to its output file,
-on a running scheduler (--address) or on a local cluster started for it (the cluster flags).
+"""`stepserve run-batch -i IN.jsonl -o OUT.jsonl` (its flags and its local cluster: stepserve/cli.py): an
+OpenAI batch file run to its output file on a scheduler's address.
 
 The output is appended line by line as requests finish; `--resume` reads the output of a job
 that died, drops a torn last line and runs only the lines it lacks. On a terminal a progress
@@ -11,11 +11,9 @@ import sys
 import time
 
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import service_address
 from gateway_svc.batch_files import OutputFile, read_finished, read_lines
 from gateway_svc.batch_runner import BatchCounts, BatchRunner
 from gateway_svc.upstream import Upstream
-from protocol import event_loop
 
 
 class _Progress:
@@ -74,8 +72,3 @@ async def run(args: argparse.Namespace, address: str) -> int:
 def _fresh(path: str) -> OutputFile:
     open(path, "wb").close()  # a new job replaces an old output (--resume keeps it)
     return OutputFile(path)
-
-
-def main(args: argparse.Namespace) -> int:
-    with service_address(args) as address:
-        return event_loop.run(run(args, address))

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from typing import Iterator
 
-STEPSERVE = [sys.executable, "-m", "client_sdk.cli"]
+STEPSERVE = [sys.executable, "-m", "stepserve.cli"]
 SMALL = ["--model", "micro-llama", "--dtype", "float32", "--kv-cache-gb", "0.05", "--enforce-eager"]
 
 

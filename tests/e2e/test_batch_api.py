@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from openai import OpenAI
 
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.batch_helpers import CHAT, COMPLETIONS, batch_lines, result_tokens, write_lines
 from tests.e2e_helpers import TEST_WORKER_ARGS
 from tests.gateway_helpers import curl, metric_samples

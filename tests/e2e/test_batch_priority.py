@@ -5,8 +5,8 @@ few steps, before any batch request does; the batch still completes, equal to a 
 import asyncio
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
 from protocol.client_messages import BATCH_PRIORITY
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 
 # Long enough that the running batch requests, a few steps in when the queues fill up, cannot

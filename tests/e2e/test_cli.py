@@ -46,7 +46,7 @@ def test_up_serves_until_ctrl_c_then_stops_everything():
 def test_prefix_caching_flags_reach_the_scheduler():
     import argparse
 
-    from client_sdk.cluster_args import add_cluster_flags, cluster_args
+    from stepserve.cluster_args import add_cluster_flags, cluster_args
     from scheduler_svc.__main__ import parse_args
 
     parser = argparse.ArgumentParser()

@@ -40,7 +40,7 @@ def local_command(command: list[str], ports: dict[int, int], env: dict[str, str]
     args = [expand(a, p) for a, p in zip(command, ["", *command])]
     if args[0] == "CMD":  # a healthcheck's exec form
         args = args[1:]
-    program = {"python": [sys.executable], "stepserve": [sys.executable, "-m", "client_sdk.cli"]}[args[0]]
+    program = {"python": [sys.executable], "stepserve": [sys.executable, "-m", "stepserve.cli"]}[args[0]]
     return [*program, *args[1:]]
 
 

@@ -8,7 +8,7 @@ import random
 
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import hf_greedy, wait_until_idle
 
 MAX_TOKENS = 14

@@ -14,11 +14,11 @@ import msgspec
 
 from benchmarks.flood import flood, rss_mb
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode, PROTOCOL_VERSION
 from protocol.client_messages import ErrorReply, Generate, GenerateRequest
 from protocol.codec import encode
 from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUESTS_PER_MESSAGE
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, wait_for_waiting
 from tests.raw_client import RawClient
 

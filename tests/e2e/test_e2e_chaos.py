@@ -9,10 +9,10 @@ import random
 import time
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
-from client_sdk.process_output import tail
 from protocol.client_messages import Abort, Generate, GenerateRequest
 from protocol.codec import encode
+from stepserve.launcher import LocalCluster
+from stepserve.process_output import tail
 from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, wait_until_workers_hold_nothing
 from tests.raw_client import RawClient
 

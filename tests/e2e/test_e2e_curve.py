@@ -11,7 +11,7 @@ import pytest
 import zmq.auth
 
 from client_sdk import AsyncClient, AuthenticationError, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.cli_helpers import STEPSERVE
 from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS
 

@@ -8,9 +8,9 @@ import re
 import signal
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
-from client_sdk.process_output import tail
 from protocol import ErrorCode
+from stepserve.launcher import LocalCluster
+from stepserve.process_output import tail
 from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, random_prompts
 
 SHORT = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)

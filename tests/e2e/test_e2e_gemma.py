@@ -4,7 +4,7 @@ tokens) and soft-caps in play; logprobs see the final-logit soft-cap; bfloat16 s
 """
 import torch
 
-from client_sdk import LLM, SamplingParams
+from stepserve import LLM, SamplingParams
 from tests.e2e_helpers import hf_greedy
 from tests.hf_model_folders import make_gemma2_folder
 

@@ -8,7 +8,7 @@ import pytest
 
 SCRIPT = """
 import sys, time
-from client_sdk import LLM
+from stepserve import LLM
 llm = LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, worker_args=["--enforce-eager"])
 print(llm.cluster.num_worker_processes, " ".join(str(p.pid) for p in llm.cluster._processes), flush=True)
 if sys.argv[1] == "exit":

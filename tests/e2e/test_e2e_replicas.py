@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import ONE_THREAD_WORKER_ARGS, random_prompts, wait_until_idle
 
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from client_sdk import AsyncClient, SamplingParams, ServiceError
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from protocol import ErrorCode
 from tests.e2e_helpers import (ONE_THREAD_WORKER_ARGS, free_port, random_prompts, wait_until_idle,
                                wait_until_workers_hold_nothing)

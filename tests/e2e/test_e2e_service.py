@@ -6,7 +6,7 @@ import zmq
 import zmq.asyncio
 
 from client_sdk import AsyncClient, RequestError, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from protocol import ErrorCode
 from protocol.client_messages import ErrorReply, Generate, GenerateRequest, HealthQuery, RequestOutputs
 from protocol.codec import encode, scheduler_to_client_decoder

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import wait_until_idle
 
 

@@ -8,10 +8,10 @@ import zmq
 import zmq.asyncio
 
 from client_sdk import AsyncClient, RequestError, SamplingParams
-from client_sdk.launcher import LocalCluster
 from protocol import ErrorCode
 from protocol.codec import encode, scheduler_to_worker_decoder
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
+from stepserve.launcher import LocalCluster
 
 PARAMS = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=2)
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from client_sdk import LLM
-from client_sdk.launcher import LocalCluster, ProcessExited
-from tests.hf_model_folders import make_llama_folder
+from stepserve import LLM
+from stepserve.launcher import LocalCluster, ProcessExited
 from tests.cli_helpers import STEPSERVE
+from tests.hf_model_folders import make_llama_folder
 
 REASON = "unsupported architectures ['NoSuchArchitectureForCausalLM']"
 ANY_PORT = "tcp://127.0.0.1:*"

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from client_sdk import Client
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy
 from tests.gateway_helpers import curl, metric_samples, post_json, sse_events
 

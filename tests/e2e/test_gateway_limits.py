@@ -20,8 +20,8 @@ import pytest
 
 from client_sdk import AsyncClient, SamplingParams
 from client_sdk.errors import RequestError
-from client_sdk.launcher import LocalCluster
 from protocol import limits
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 from tests.gateway_helpers import curl, metric_samples
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from client_sdk import Client, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
@@ -83,7 +83,7 @@ def test_blocking_client_generate_iter_matches(cluster):
 
 
 def test_llm_generate_takes_any_iterable_and_generate_iter_yields_as_finished():
-    from client_sdk import LLM
+    from stepserve import LLM
     prompts = prompts_of(12, seed=5)
     with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enforce_eager=True) as llm:
         reference = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]

@@ -8,9 +8,9 @@ import os
 import msgspec
 import pytest
 
-from client_sdk import LLM, SamplingParams
-from client_sdk.cluster_args import add_cluster_flags, cluster_args
 from protocol.sampling import SamplingDefaults
+from stepserve import LLM, SamplingParams
+from stepserve.cluster_args import add_cluster_flags, cluster_args
 from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy
 from tests.gateway_helpers import post_json
 from tests.hf_model_folders import make_llama_folder

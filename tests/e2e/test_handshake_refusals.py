@@ -10,8 +10,8 @@ import threading
 import zmq
 
 from client_sdk import AsyncClient
-from client_sdk.launcher import LocalCluster
 from protocol.curve import CLOSED_IN_HANDSHAKE_GRACE_S, HandshakeRefusals
+from stepserve.launcher import LocalCluster
 
 CLOSED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 

@@ -1,7 +1,7 @@
 """LLM: the offline entry point, starting its own scheduler and worker processes."""
 import pytest
 
-from client_sdk import LLM, SamplingParams
+from stepserve import LLM, SamplingParams
 
 
 def test_llm_generates_for_text_and_token_prompts_in_order():

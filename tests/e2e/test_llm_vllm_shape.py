@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from client_sdk import LLM, ChatTemplateError, SamplingParams
+from client_sdk import ChatTemplateError
+from stepserve import LLM, SamplingParams
 from tests.e2e_helpers import hf_greedy
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]

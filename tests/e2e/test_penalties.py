@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from client_sdk import LLM, SamplingParams
+from stepserve import LLM, SamplingParams
 from tests.hf_model_folders import make_llama_folder
 from worker_svc.byte_tokenizer import build_byte_tokenizer
 from worker_svc.logits_processors import bad_words_token_ids

@@ -4,7 +4,7 @@ prompt, and again for a prompt whose blocks the prefix cache holds."""
 import pytest
 import torch
 
-from client_sdk import LLM, SamplingParams
+from stepserve import LLM, SamplingParams
 from tests.hf_model_folders import make_llama_folder
 
 PROMPTS = [[4 + (13 * i) % 900 for i in range(45)], [7, 8, 9, 10, 11], [300, 301]]

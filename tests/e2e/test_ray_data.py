@@ -1,4 +1,4 @@
-"""The Ray Data processor (client_sdk/ray_data.py) on a local Ray of 2 CPUs: 10,000
+"""The Ray Data processor (stepserve/ray_data.py) on a local Ray of 2 CPUs: 10,000
 rows through 2 actors once each, equal to the SDK's greedy outputs; rows of every kind and one
 that fails alone; replica actors (each its own scheduler and worker), one killed mid-job."""
 import os
@@ -12,8 +12,8 @@ from tests.e2e_helpers import RAY_MISSING
 pytest.importorskip("ray.data", reason=RAY_MISSING)
 import ray  # noqa: E402
 
-from client_sdk import LLM, SamplingParams  # noqa: E402
-from client_sdk.ray_data import ProcessorConfig, build_processor  # noqa: E402
+from stepserve import LLM, SamplingParams  # noqa: E402
+from stepserve.ray_data import ProcessorConfig, build_processor  # noqa: E402
 from tests.cli_helpers import pids  # noqa: E402
 
 ENGINE = {"enforce_eager": True, "dtype": "float32", "kv_cache_gb": 0.05}

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.batch_helpers import BAD_CODES, batch_lines, prompt_tokens, read_outputs, result_tokens, write_lines
 from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy
 
@@ -27,7 +27,7 @@ def cluster(chat_folder):
 
 
 def run_batch(cluster, *args: str, wait: bool = True):
-    command = [sys.executable, "-m", "client_sdk.cli", "run-batch", "--address", cluster.address, *args]
+    command = [sys.executable, "-m", "stepserve.cli", "run-batch", "--address", cluster.address, *args]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not wait:
         return proc

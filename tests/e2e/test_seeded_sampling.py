@@ -7,8 +7,9 @@ import asyncio
 
 import openai
 
-from client_sdk import LLM, AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from client_sdk import AsyncClient
+from stepserve import LLM, SamplingParams
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import random_prompts
 
 # Float32 and the same block size everywhere: the logits of a request do not depend on the mode.

@@ -13,8 +13,9 @@ import re
 import jsonschema
 import pytest
 
-from client_sdk import LLM, SamplingParams, StructuredOutputsParams
+from client_sdk import StructuredOutputsParams
 from client_sdk.errors import RequestError
+from stepserve import LLM, SamplingParams
 
 NUM_JSON_REQUESTS = 120
 SCHEMAS = [

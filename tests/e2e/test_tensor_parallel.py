@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy, wait_until_idle
 from tests.hf_model_folders import make_llama_folder, make_mixtral_folder, make_opt_folder, make_qwen3_folder
 

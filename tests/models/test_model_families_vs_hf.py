@@ -16,8 +16,8 @@ import random
 import pytest
 
 from client_sdk import AsyncClient, SamplingParams
-from client_sdk.launcher import LocalCluster
 from protocol.sampling import SamplingParams as WorkerSamplingParams
+from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import wait_until_idle
 from tests.hf_model_folders import make_llama_folder, make_phi3_folder, make_qwen3_folder
 from tests.plan_player import PlanPlayer

@@ -82,7 +82,7 @@ def test_the_sdk_and_the_gateway_import_no_torch():
     """A client install (and a gateway host) need no torch."""
     import subprocess
     import sys
-    code = ("import sys, client_sdk, client_sdk.cli, gateway_svc.app, gateway_svc.__main__, client_sdk.bench.serving; "
+    code = ("import sys, client_sdk, stepserve.cli, gateway_svc.app, gateway_svc.__main__, stepserve.bench.serving; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

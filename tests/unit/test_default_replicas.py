@@ -1,7 +1,7 @@
 """The replicas a local cluster starts when the caller leaves data_parallel_size unset."""
-from client_sdk import default_replicas
-from client_sdk.default_replicas import default_data_parallel_size, flag_value, runs_on_cpu
-from client_sdk.launcher import LocalCluster
+from stepserve import default_replicas
+from stepserve.default_replicas import default_data_parallel_size, flag_value, runs_on_cpu
+from stepserve.launcher import LocalCluster
 
 
 def test_flag_value_takes_both_spellings_and_the_last_one():

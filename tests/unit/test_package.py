@@ -7,23 +7,46 @@ from importlib.metadata import requires, version
 
 import pytest
 
-from client_sdk import launcher
+from stepserve import launcher
 
 
 def test_stepserve_version_is_the_installed_distributions():
-    out = subprocess.run([sys.executable, "-m", "client_sdk.cli", "--version"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "stepserve.cli", "--version"], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == f"stepserve {version('stepserve')}"
 
 
-def test_the_sdk_imports_no_torch():
-    code = "import sys, client_sdk; assert 'torch' not in sys.modules, 'client_sdk imported torch'"
+# As a client-only install: the server extra's packages cannot be imported.
+_WITHOUT_THE_SERVER_EXTRA = """
+import importlib.abc, sys
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "safetensors", "fastapi", "uvicorn", "xgrammar", "transformers"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+
+def test_the_sdk_imports_neither_torch_nor_the_server():
+    code = _WITHOUT_THE_SERVER_EXTRA + (
+        "import client_sdk\n"
+        "from client_sdk import AsyncClient, Client, SamplingParams\n"
+        "loaded = {m.split('.')[0] for m in sys.modules} & {'torch', 'gateway_svc', 'worker_svc', 'stepserve'}\n"
+        "assert not loaded, f'import client_sdk imported {sorted(loaded)}'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_cli_runs_its_client_commands_without_the_server_extra():
+    code = _WITHOUT_THE_SERVER_EXTRA + (
+        "from stepserve.cli import main\n"
+        "assert main(['health', '--address', 'tcp://127.0.0.1:9', '--timeout', '0.2']) == 1\n"
+        "assert not {m.split('.')[0] for m in sys.modules} & {'torch', 'gateway_svc', 'worker_svc'}\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_sdk_and_the_cli_import_no_ray():
-    # Ray is an extra: only client_sdk.ray_data and `--ray` import it, when used.
-    code = ("import sys, client_sdk, client_sdk.cli, client_sdk.launcher; "
+    # Ray is an extra: only stepserve.ray_data and `--ray` import it, when used.
+    code = ("import sys, client_sdk, stepserve.cli, stepserve.launcher; "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -59,8 +82,8 @@ def test_a_cluster_without_the_server_extra_says_what_to_install_and_leaves_noth
 
 
 def test_up_ray_without_ray_says_what_to_install(monkeypatch, capsys):
-    from client_sdk import cli
+    from stepserve import cli
     monkeypatch.setitem(sys.modules, "ray", None)  # as where the extra is not installed: import ray fails
-    monkeypatch.delitem(sys.modules, "client_sdk.ray_cluster", raising=False)
+    monkeypatch.delitem(sys.modules, "stepserve.ray_cluster", raising=False)
     assert cli.main(["up", "--ray", "--model", "micro-llama"]) == 2
     assert "stepserve[ray]" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Batch inference on Ray Data, in the shape of Ray's own LLM processors (`ray.data.llm`):
 
-    from client_sdk.ray_data import ProcessorConfig, build_processor
+    from stepserve.ray_data import ProcessorConfig, build_processor
     processor = build_processor(ProcessorConfig(model="tiny-llama", concurrency=2,
                                                 sampling_params={"max_tokens": 16}),
                                 preprocess=lambda row: {"prompt": row["text"]},
@@ -24,10 +24,10 @@ import numpy as np
 import ray.data
 
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import child_args
 from client_sdk.errors import ChatTemplateError
-from client_sdk.launcher import LocalCluster
 from protocol.sampling import SamplingParams
+from stepserve.cluster_args import child_args
+from stepserve.launcher import LocalCluster
 
 OUTPUT_COLUMNS = ("generated_text", "generated_token_ids", "num_input_tokens", "num_generated_tokens",
                   "finish_reason", "error")

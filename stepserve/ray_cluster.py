@@ -22,9 +22,9 @@ import time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from client_sdk.default_replicas import flag_value, runs_on_cpu
-from client_sdk.launcher import LocalCluster, ProcessExited, model_line
 from client_sdk.sync_client import Client
+from stepserve.default_replicas import flag_value, runs_on_cpu
+from stepserve.launcher import LocalCluster, ProcessExited, model_line
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own marker of the head node
 

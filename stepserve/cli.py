@@ -9,12 +9,13 @@ import threading
 
 from client_sdk import __version__
 from client_sdk.batch import DEFAULT_BATCH_WINDOW
-from client_sdk.cluster_args import add_cluster_flags, cluster_args, service_address
-from client_sdk.launcher import LocalCluster, MissingExtra, ProcessExited
 from client_sdk.sync_client import Client
+from protocol import event_loop
 from protocol.client_messages import BATCH_PRIORITY
 from protocol.curve import generate_keys
 from protocol.sampling import SamplingParams
+from stepserve.cluster_args import add_cluster_flags, cluster_args, service_address
+from stepserve.launcher import LocalCluster, MissingExtra, ProcessExited
 
 
 def _run_until_stopped(cluster: LocalCluster, start_gateway=None) -> int:
@@ -48,7 +49,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
                            tensor_parallel_size=args.tensor_parallel_size, curve_keys=args.curve_keys, announce=True)
     if args.ray:
         try:
-            from client_sdk.ray_cluster import RayCluster  # Ray is an extra: imported when asked for
+            from stepserve.ray_cluster import RayCluster  # Ray is an extra: imported when asked for
         except ModuleNotFoundError as e:
             raise MissingExtra(f"--ray needs Ray ({e.name}), which this Python lacks: "
                                "pip install 'stepserve[ray]'", name=e.name) from None
@@ -136,11 +137,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_run_batch(args: argparse.Namespace) -> int:
     try:
-        from gateway_svc.run_batch import main as run_batch
+        from gateway_svc.run_batch import run
     except ModuleNotFoundError as e:  # a client-only install
         raise MissingExtra(f"stepserve run-batch reads requests as the HTTP gateway does, which needs {e.name}: "
                            "pip install 'stepserve[server]'") from None
-    return run_batch(args)
+    with service_address(args) as address:
+        return event_loop.run(run(args, address))
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from worker_svc import presets
     from worker_svc.models import ROPE_TYPES, supported_architectures
@@ -167,11 +171,7 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
                    help="Ray CPUs each worker process takes (and its torch threads on a CPU)")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="stepserve", description="stepserve LLM inference server")
-    parser.add_argument("--version", action="version", version=f"stepserve {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_up(sub) -> None:
     up = sub.add_parser("up", help="start a scheduler and N workers here; Ctrl-C stops all")
     add_cluster_flags(up)
     up.add_argument("--frontend", default="tcp://127.0.0.1:5555")
@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     add_ray_flags(up)
     up.set_defaults(func=cmd_up)
 
+
+def _add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="scheduler, workers and an OpenAI-compatible gateway here; Ctrl-C stops all")
     add_cluster_flags(serve)
     serve.add_argument("--host", default="127.0.0.1", help="the gateway's address")
@@ -200,6 +202,8 @@ def main(argv=None) -> int:
     add_ray_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_health(sub) -> None:
     health = sub.add_parser("health", help="exit 0 when a scheduler answers (container healthchecks)")
     health.add_argument("--address", default="tcp://127.0.0.1:5555")
     health.add_argument("--timeout", type=float, default=5.0)
@@ -207,6 +211,8 @@ def main(argv=None) -> int:
                         help="and a worker started on this host (its default worker id) has joined")
     health.set_defaults(func=cmd_health)
 
+
+def _add_keys(sub) -> None:
     keys = sub.add_parser("keys", help="CurveZMQ keys")
     keys_sub = keys.add_subparsers(dest="keys", required=True)
     keys_generate = keys_sub.add_parser("generate", help="write key pairs for the scheduler, a client and a worker "
@@ -214,6 +220,8 @@ def main(argv=None) -> int:
     keys_generate.add_argument("directory", metavar="DIR")
     keys_generate.set_defaults(func=cmd_keys_generate)
 
+
+def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="complete prompts, on a running service or a local one")
     add_cluster_flags(gen)
     gen.add_argument("prompts", nargs="+")
@@ -227,6 +235,8 @@ def main(argv=None) -> int:
     gen.add_argument("--stream", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
+
+def _add_run_batch(sub) -> None:
     run_batch = sub.add_parser("run-batch", help="an OpenAI batch file (.jsonl) run to its output file, "
                                                  "like `vllm run-batch`; resumable")
     add_cluster_flags(run_batch)
@@ -243,23 +253,39 @@ def main(argv=None) -> int:
                            help="a running scheduler's frontend; else start a local cluster")
     run_batch.add_argument("--served-model-name", default=None, help="the model's name in requests and responses")
     run_batch.set_defaults(func=cmd_run_batch)
+
+
+def _add_models(sub) -> None:
     models = sub.add_parser("models", help="the model architectures, RoPE types and presets a worker serves")
     models.set_defaults(func=cmd_models)
 
+
+def _add_bench(sub) -> None:
+    from stepserve.bench.serving import add_serving_args, run_serving
+    from stepserve.bench.throughput import add_throughput_args, run_throughput
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    from client_sdk.bench.throughput import add_throughput_args, run_throughput
     throughput = bench_sub.add_parser("throughput", help="offline throughput, like `vllm bench throughput`")
     add_cluster_flags(throughput)
     add_throughput_args(throughput)
     throughput.set_defaults(func=lambda a: asyncio.run(run_throughput(a)))
-    from client_sdk.bench.serving import add_serving_args, run_serving
     serving = bench_sub.add_parser("serve", help="online serving latency, like `vllm bench serve`")
     add_cluster_flags(serving)
     add_serving_args(serving)
     serving.set_defaults(func=lambda a: asyncio.run(run_serving(a)))
 
-    args = parser.parse_args(argv)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stepserve", description="stepserve LLM inference server")
+    parser.add_argument("--version", action="version", version=f"stepserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_up, _add_serve, _add_health, _add_keys, _add_generate, _add_run_batch, _add_models, _add_bench):
+        add(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except MissingExtra as e:  # a client-only install asked to run a worker or a gateway

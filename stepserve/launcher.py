@@ -23,11 +23,11 @@ import tempfile
 import time
 import weakref
 
-from client_sdk.default_replicas import default_data_parallel_size, flag_value, runs_on_cpu, threads_per_worker
-from client_sdk.child_processes import spawn, stop_all
-from client_sdk.process_output import follow_stdout, last_error_line, tail, tee_stderr
 from client_sdk.sync_client import Client
 from protocol.curve import AUTHORIZED, ENV_VARS, KEYS_DIR_ENV
+from stepserve.child_processes import spawn, stop_all
+from stepserve.default_replicas import default_data_parallel_size, flag_value, runs_on_cpu, threads_per_worker
+from stepserve.process_output import follow_stdout, last_error_line, tail, tee_stderr
 
 READY = re.compile(r"stepserve scheduler ready frontend=(\S+) workers=(\S+)(?: metrics=(\S+))?")
 GATEWAY_READY = re.compile(r"stepserve gateway ready url=(\S+)")

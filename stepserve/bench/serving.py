@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from client_sdk.bench.throughput import random_prompts
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import cluster_args
-from client_sdk.launcher import LocalCluster
 from protocol.sampling import SamplingParams
+from stepserve.bench.throughput import random_prompts
+from stepserve.cluster_args import cluster_args
+from stepserve.launcher import LocalCluster
 
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
-from client_sdk.launcher import LocalCluster
+from stepserve.launcher import LocalCluster
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:

@@ -24,8 +24,8 @@ import msgspec
 import numpy as np
 
 from client_sdk.client import AsyncClient
-from client_sdk.cluster_args import service_address
 from protocol.sampling import SamplingParams
+from stepserve.cluster_args import service_address
 
 
 def add_throughput_args(p: argparse.ArgumentParser) -> None:

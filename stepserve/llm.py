@@ -11,12 +11,12 @@ import random
 
 import msgspec
 
-from client_sdk.cluster_args import child_args
-from client_sdk.launcher import LocalCluster
 from client_sdk.outputs import RequestOutput
 from client_sdk.sync_client import Client
 from protocol.curve import KEYS_DIR_ENV, SERVER_KEY_ENV
 from protocol.sampling import SamplingParams
+from stepserve.cluster_args import child_args
+from stepserve.launcher import LocalCluster
 
 
 class LLM:
