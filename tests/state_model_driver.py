@@ -14,7 +14,7 @@ import torch
 
 from worker_svc.attention import build_attention_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
-from worker_svc.models.base import ModelCaches
+from worker_svc.kv_cache import ModelCaches
 from worker_svc.models.state_layout import StateLayout
 from worker_svc.state_slots import StateSlotPool
 

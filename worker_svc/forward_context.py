@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 from dataclasses import dataclass, field
 
-from worker_svc.models.base import ModelCaches
+from worker_svc.kv_cache import ModelCaches
 
 
 @dataclass

@@ -1,13 +1,48 @@
-"""KV cache memory: how many blocks fit, the device and host tensors, swap and copy of blocks.
+"""The caches a model asks the runner to hold: what one model needs (CacheSpec), the tensors
+(ModelCaches), how many KV blocks fit, their device and host tensors, swap and copy of blocks.
 
 Layout per attention layer: [2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]. Block
 ids are the scheduler's; the worker only moves block contents where a plan tells it to.
+
+The models import this module (a model's cache_spec() returns a CacheSpec), never the other
+way round: this module knows no model.
 """
+from dataclasses import dataclass, field
+
 import torch
 
-from worker_svc.models.base import CacheSpec
-
 _GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    num_attention_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_state_layers: int = 0
+    conv_state_shape: tuple[int, ...] = ()  # per slot, e.g. (d_inner, d_conv)
+    ssm_state_shape: tuple[int, ...] = ()  # per slot, e.g. (d_inner, d_state)
+    # dtype of the conv/ssm state tensors; None: the model's dtype. SSM states are often kept
+    # in float32 for accuracy over long sequences.
+    state_dtype: torch.dtype | None = None
+
+    @property
+    def has_state(self) -> bool:
+        return self.num_state_layers > 0
+
+    def kv_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        per_layer = 2 * block_size * self.num_kv_heads * self.head_dim
+        return self.num_attention_layers * per_layer * torch.tensor([], dtype=dtype).element_size()
+
+
+@dataclass
+class ModelCaches:
+    # kv[i]: [2, num_blocks, block_size, num_kv_heads, head_dim] for the i-th attention layer
+    kv: list[torch.Tensor] = field(default_factory=list)
+    # conv[i]: [num_slots, *conv_state_shape], ssm[i]: [num_slots, *ssm_state_shape] for the
+    # i-th state-space layer; rows are indexed by the state layout's slots
+    conv: list[torch.Tensor] = field(default_factory=list)
+    ssm: list[torch.Tensor] = field(default_factory=list)
 
 
 def num_blocks_for_tokens(num_tokens, block_size: int):

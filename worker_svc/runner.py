@@ -33,7 +33,6 @@ from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
 from worker_svc.logits_processors import LogitsProcessors
 from worker_svc.model_executor import ModelExecutor
-from worker_svc.models.base import ModelCaches
 from worker_svc.models.rotary import max_model_len
 from worker_svc.models.state_layout import StateLayout
 from worker_svc.parallel import TensorParallel, init_process_group
@@ -83,7 +82,7 @@ class ModelRunner:
             config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
         # One block more than the scheduler is told of: the scratch block, where padding tokens
         # write their K/V.
-        self.caches = ModelCaches(kv=kv_cache.allocate_kv(
+        self.caches = kv_cache.ModelCaches(kv=kv_cache.allocate_kv(
             self.spec, self.num_gpu_blocks + 1, self.block_size, self.dtype, self.device))
         self.scratch_slot = self.num_gpu_blocks * self.block_size
         self.cpu_kv = kv_cache.allocate_kv(self.spec, self.num_cpu_blocks, self.block_size,

@@ -11,8 +11,8 @@ from protocol.sampling import SamplingParams
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan
 from tests.plan_player import PlanPlayer
 from worker_svc.forward_context import forward_context, get_forward_context
+from worker_svc.kv_cache import CacheSpec
 from worker_svc.loader import LoadedModel, load_model
-from worker_svc.models.base import CacheSpec
 from worker_svc.request_table import StepInputs
 from worker_svc.runner import ModelRunner
 from worker_svc.runner_config import RunnerConfig

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from worker_svc.forward_context import get_forward_context
-from worker_svc.models.base import CacheSpec, CausalLM
+from worker_svc.kv_cache import CacheSpec
+from worker_svc.models.base import CausalLM
 from worker_svc.models.layers import Embedding, Linear, RMSNorm
 from worker_svc.models.mamba_mixer import STATE_DTYPE, MambaMixer
 from worker_svc.parallel import TensorParallel
