@@ -11,6 +11,10 @@ Measured on a 2-vCPU AMD EPYC (avx512_bf16), bfloat16, `stepserve bench throughp
 micro-llama (2.4 MB of weights on disk) 10,000 prompts 1,731 / 1,638 against 2,532 / 2,245
 requests/s; tiny-llama (81 MB) 5,000 prompts 445 against 490; tiny-opt (125M shape, 487 MB)
 400 prompts 46.2 against 27.4, where one replica of two threads wins.
+
+The size is worker_svc/model_size.py's weight_bytes, the measure worker_svc/cpu_threads.py takes
+too; the threshold is this module's own, since the thread rule answers another question (one
+thread against several within one worker).
 """
 import os
 from collections.abc import Sequence
@@ -18,10 +22,9 @@ from collections.abc import Sequence
 # One scheduler process plans every replica's steps: past this many its planning, not the
 # workers, would bound the throughput.
 MAX_REPLICAS = 8
-# Weights on disk up to which a model counts as small: between tiny-llama's 81 MB, where two
-# replicas won, and tiny-opt's 487 MB, where one did.
+# Weight bytes (worker_svc.model_size.weight_bytes) up to which a model counts as small: between
+# tiny-llama's 81 MB, where two replicas won, and tiny-opt's 487 MB, where one did.
 SMALL_MODEL_BYTES = 256 << 20
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _GiB = 1 << 30
 
 
@@ -48,27 +51,6 @@ def runs_on_cpu(worker_args: Sequence[str]) -> bool:
     return device == "cpu" and flag_value(worker_args, "--devices") is None
 
 
-def weight_bytes(model: str) -> int:
-    """The bytes of a model folder's weight files, or of a preset's float32 weights."""
-    if not os.path.isdir(model):
-        return _preset_weight_bytes(model)
-    return sum(entry.stat().st_size for entry in os.scandir(model)
-               if entry.is_file() and entry.name.endswith(_WEIGHT_SUFFIXES))
-
-
-def _preset_weight_bytes(name: str) -> int:
-    """A preset's float32 weights, counted from its config: the embedding and the head, and per
-    layer the attention's four matrices and the MLP's (or each expert's) three."""
-    from worker_svc import presets  # config dicts only: no torch
-    if not presets.is_preset(name):
-        return 0  # not a model the worker knows: it says so itself
-    config = presets.preset_config(name)
-    hidden, vocab = config["hidden_size"], config["vocab_size"]
-    mlp = config.get("intermediate_size") or config.get("ffn_dim") or 4 * hidden
-    per_layer = 4 * hidden * hidden + 3 * hidden * mlp * config.get("num_local_experts", 1)
-    return 4 * (2 * vocab * hidden + config["num_hidden_layers"] * per_layer)
-
-
 def _available_memory_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as f:
@@ -86,6 +68,7 @@ def default_data_parallel_size(model: str, worker_args: Sequence[str], tensor_pa
     have no --threads of their own; else 1."""
     if tensor_parallel_size > 1 or not runs_on_cpu(worker_args) or flag_value(worker_args, "--threads"):
         return 1
+    from worker_svc.model_size import weight_bytes  # files and config dicts only: no torch
     weights = weight_bytes(model)
     if weights > SMALL_MODEL_BYTES:
         return 1

@@ -59,7 +59,7 @@ class ModelRunner:
                                  generation_config=config.generation_config)
         init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
-        cpu_threads.choose_threads(self.model, self.device, config.threads)  # before compiling
+        cpu_threads.choose_threads(config.model, self.device, config.threads)  # before compiling
         model_config = self.loaded.config
         self.vocab_size = model_config["vocab_size"]
         self.max_model_len = config.max_model_len or max_model_len(model_config)

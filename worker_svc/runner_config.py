@@ -33,8 +33,8 @@ class RunnerConfig:
     # Sampling defaults for requests that leave a field unset: "auto", the model folder's
     # generation_config.json; "vllm", none (SamplingParams' own); or a folder holding one.
     generation_config: str = "auto"
-    # torch's CPU threads in this process; None: one for a model with little work per token,
-    # else torch's default (cpu_threads.py)
+    # torch's CPU threads in this process; None: one for a model with few weights, else torch's
+    # default (cpu_threads.py)
     threads: int | None = None
 
     def __post_init__(self):

@@ -2,6 +2,7 @@
 from stepserve import default_replicas
 from stepserve.default_replicas import default_data_parallel_size, flag_value, runs_on_cpu
 from stepserve.launcher import LocalCluster
+from worker_svc.model_size import weight_bytes
 
 
 def test_flag_value_takes_both_spellings_and_the_last_one():
@@ -33,7 +34,7 @@ def test_one_replica_on_cuda_with_threads_or_tensor_parallel_or_a_large_model(mo
     with open(tmp_path / "model.safetensors", "wb") as f:  # sparse: sized, not written
         f.truncate(default_replicas.SMALL_MODEL_BYTES + 1)
     (tmp_path / "config.json").write_text("{}")
-    assert default_replicas.weight_bytes(str(tmp_path)) == default_replicas.SMALL_MODEL_BYTES + 1
+    assert weight_bytes(str(tmp_path)) == default_replicas.SMALL_MODEL_BYTES + 1
     assert default_data_parallel_size(str(tmp_path), [], 1) == 1
 
 
