@@ -9,16 +9,27 @@ drain does not wait for one.
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from protocol import ErrorCode
+from scheduler_svc.admission import Admission
+from scheduler_svc.live_requests import LiveRequests
+from scheduler_svc.replica_set import ReplicaSet
 
 logger = logging.getLogger("stepserve.scheduler")
 POLL_S = 0.05
 
 
 class Drain:
-    def __init__(self, service, timeout_s: float = 30.0):
-        self.service = service
+    def __init__(self, admission: Admission, requests: LiveRequests, replicas: ReplicaSet, *,
+                 flush_outputs: Callable[[], Awaitable[None]], stop: Callable[[], None], timeout_s: float = 30.0):
+        """flush_outputs: sends the outputs queued in requests.outputs to their clients; stop:
+        ends the service (it tells the workers to shut down)."""
+        self._admission = admission
+        self._requests = requests
+        self._replicas = replicas
+        self._flush_outputs = flush_outputs
+        self._stop = stop
         self.timeout_s = timeout_s
         self._task: asyncio.Task | None = None
         self._cut_short = asyncio.Event()
@@ -32,11 +43,11 @@ class Drain:
             self._cut_short.set()
 
     async def _run(self) -> None:
-        service = self.service
-        service.admission.draining = True
-        logger.info("draining: %d requests to finish in at most %.1f s", len(service.requests.book), self.timeout_s)
+        requests = self._requests
+        self._admission.draining = True
+        logger.info("draining: %d requests to finish in at most %.1f s", len(requests.book), self.timeout_s)
         deadline = time.monotonic() + self.timeout_s
-        while len(service.requests.book) and service.replicas and not self._cut_short.is_set():
+        while len(requests.book) and self._replicas and not self._cut_short.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -44,10 +55,10 @@ class Drain:
                 await asyncio.wait_for(self._cut_short.wait(), min(POLL_S, left))
             except asyncio.TimeoutError:
                 pass
-        num_left = len(service.requests.book)
+        num_left = len(requests.book)
         if num_left:
             logger.warning("drain: %d requests not finished; failing them", num_left)
-        service.requests.fail_all(ErrorCode.SHUTTING_DOWN, "the scheduler shut down before this request finished "
-                                                  f"(--drain-timeout-s {self.timeout_s:g})")
-        await service.flush_outputs()
-        service.stop()
+        requests.fail_all(ErrorCode.SHUTTING_DOWN, "the scheduler shut down before this request finished "
+                                                   f"(--drain-timeout-s {self.timeout_s:g})")
+        await self._flush_outputs()
+        self._stop()

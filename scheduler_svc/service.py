@@ -23,7 +23,7 @@ from protocol import ErrorCode, ProtocolError
 from protocol.client_messages import (Abort, ErrorReply, Generate, Health, HealthQuery,
                                       ModelInfo, ModelInfoQuery, RequestOutputs)
 from protocol.codec import client_to_scheduler_decoder, encode, salvage_generate, worker_to_scheduler_decoder
-from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepResult, WorkerHello
+from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepPlan, StepResult, WorkerHello
 from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS, Admission
 from scheduler_svc.auth import FrontDoor
 from scheduler_svc.config import SchedulerConfig
@@ -48,7 +48,6 @@ class SchedulerService:
         self.config = config
         self.instance_id = uuid.uuid4().hex[:12]  # new on every start: workers and clients tell a restart
         self.admission = Admission(max_queued_requests)
-        self.drain = Drain(self, drain_timeout_s)
         self.front_door = front_door or FrontDoor()
         # Prometheus metrics (--metrics-port); None when off, and then they cost nothing.
         self.metrics = SchedulerMetrics(self._health) if enable_metrics else None
@@ -59,6 +58,8 @@ class SchedulerService:
         self.check_integrity_when_idle = check_integrity_when_idle
         self.replicas = ReplicaSet(config)
         self.requests = LiveRequests(config.policy, self.admission, self.replicas, self.metrics)
+        self.drain = Drain(self.admission, self.requests, self.replicas, flush_outputs=self.flush_outputs,
+                           stop=self.stop, timeout_s=drain_timeout_s)
         self._client_decoder = client_to_scheduler_decoder()
         self._worker_decoder = worker_to_scheduler_decoder()
         self._tasks: set[asyncio.Task] = set()
@@ -108,6 +109,11 @@ class SchedulerService:
     async def _shutdown_workers(self) -> None:
         for replica in self.replicas:
             await self._send_shutdown(replica, "scheduler stopping")
+
+    async def _send_plan(self, replica: Replica, plan: StepPlan) -> None:
+        payload = encode(plan)
+        for identity in replica.identities.values():
+            await self.workers.send_multipart([identity, payload])
 
     async def _send_shutdown(self, replica: Replica, reason: str) -> None:
         for identity in replica.identities.values():
@@ -258,7 +264,10 @@ class SchedulerService:
         logger.info("worker %s joined: %s on %s, %d KV blocks, %d state slots", hello.worker_id, hello.model,
                     hello.device, hello.num_gpu_blocks, hello.num_state_slots)
         if replica.is_complete:
-            self._spawn(ReplicaDriver(replica, self).run())
+            driver = ReplicaDriver(replica, self.config, self.requests, send_plan=self._send_plan,
+                                   flush_outputs=self.flush_outputs, drop_replica=self.drop_replica,
+                                   metrics=self.metrics, check_integrity_when_idle=self.check_integrity_when_idle)
+            self._spawn(driver.run())
 
     def drop_replica(self, replica: Replica) -> None:
         if not self.replicas.remove(replica):
