@@ -14,7 +14,7 @@ padded to a bucket (model_executor.py); results go back in the plan's order.
 Tensor parallel: every rank of a group runs the same plans on its shard of the model and KV
 cache; rank 0 samples and broadcasts the token ids, so every rank appends the same tokens.
 
-About 320 lines: one class on purpose, since every phase of a step reads and writes the same
+About 360 lines: one class on purpose, since every phase of a step reads and writes the same
 request tables; what stands alone lives beside it (request_table.py, logits_processors.py,
 structured_outputs.py, prompt_logprobs.py, sampler.py, model_executor.py).
 """
@@ -52,6 +52,17 @@ _GiB = 1 << 30
 class ModelRunner:
     def __init__(self, config: RunnerConfig):
         self.config = config
+        self._load_model()
+        self._read_model_facts()
+        self._size_kv_cache()
+        self._allocate_caches()
+        self.requests = self._make_request_table()
+        self.executor = self._make_executor()
+        self._warm_up()
+
+    def _load_model(self) -> None:
+        """Loads this rank's shard, joins the tensor-parallel group, sets the CPU threads."""
+        config = self.config
         self.tp = TensorParallel(config.tensor_parallel_size, config.rank)
         # Load before joining the group: a model that cannot be sharded fails at once.
         self.loaded = load_model(config.model, dtype=config.dtype, device=config.device,
@@ -60,12 +71,21 @@ class ModelRunner:
         init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
         cpu_threads.choose_threads(config.model, self.device, config.threads)  # before compiling
+
+    def _read_model_facts(self) -> None:
+        """What the steps need of the model: its vocabulary, its longest sequence, and its rotary
+        embedding where that takes sequence lengths."""
         model_config = self.loaded.config
         self.vocab_size = model_config["vocab_size"]
-        self.max_model_len = config.max_model_len or max_model_len(model_config)
+        self.max_model_len = self.config.max_model_len or max_model_len(model_config)
         # A rotary embedding whose frequencies depend on a sequence length (models/rotary.py)
         rotary = getattr(self.model, "rotary", None)
         self.rotary = rotary if getattr(rotary, "uses_lengths", False) else None
+
+    def _size_kv_cache(self) -> None:
+        """How many KV blocks this worker holds on the device (the fewest any rank fits) and on
+        the host (swap space)."""
+        config = self.config
         self.block_size = config.block_size
         self.spec = self.model.cache_spec()  # this rank's KV heads only
         self.num_gpu_blocks = config.num_gpu_blocks
@@ -80,6 +100,9 @@ class ModelRunner:
                 self.max_model_len, self.block_size)
         self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
             config.swap_space_gb * _GiB, self.spec, self.block_size, self.dtype)
+
+    def _allocate_caches(self) -> None:
+        """The device KV cache and state slots, and the host blocks that swapped-out KV goes to."""
         # One block more than the scheduler is told of: the scratch block, where padding tokens
         # write their K/V.
         self.caches = kv_cache.ModelCaches(kv=kv_cache.allocate_kv(
@@ -88,17 +111,22 @@ class ModelRunner:
         self.cpu_kv = kv_cache.allocate_kv(self.spec, self.num_cpu_blocks, self.block_size,
                                            self.dtype, torch.device("cpu"),
                                            pin_memory=self.device.type == "cuda")
-        self.num_state_slots = config.num_state_slots if self.spec.has_state else 0
+        self.num_state_slots = self.config.num_state_slots if self.spec.has_state else 0
         self.caches.conv, self.caches.ssm = kv_cache.allocate_state(
             self.spec, self.num_state_slots, self.dtype, self.device)
         self.state_slots = StateSlotPool(self.num_state_slots)
-        self.requests = RequestTable(self.max_model_len, self.block_size,
-                                     self.loaded.eos_token_ids,
-                                     LogitsProcessors(self.vocab_size, self.device, self._tokenizer()),
-                                     StructuredOutputs(self.loaded.tokenizer_json, self.vocab_size,
-                                                       self.loaded.eos_token_ids),
-                                     uses_blocks=self.spec.num_attention_layers > 0)
-        self.executor = self._make_executor()
+
+    def _make_request_table(self) -> RequestTable:
+        return RequestTable(self.max_model_len, self.block_size,
+                            self.loaded.eos_token_ids,
+                            LogitsProcessors(self.vocab_size, self.device, self._tokenizer()),
+                            StructuredOutputs(self.loaded.tokenizer_json, self.vocab_size,
+                                              self.loaded.eos_token_ids),
+                            uses_blocks=self.spec.num_attention_layers > 0)
+
+    def _warm_up(self) -> None:
+        """Compiles the step (model_executor.warm_up) and captures the CUDA decode graphs before
+        the first request, so that it pays for neither."""
         if self.executor.compiled:
             status.say(f"compiling the model's step (torch.compile): the first start takes longer, later ones "
                        f"reuse {compile_cache.root()} (--enforce-eager skips compiling)")
@@ -106,8 +134,9 @@ class ModelRunner:
             self.warm_up_s = self.executor.warm_up(self._padding_forward)
             if self.executor.compiled and self.rotary is None:  # rope lengths: a per-step tensor
                 self.executor.decode_graphs = cuda_graphs.capture_decode_graphs(
-                    self.executor.compiled_forward, self.caches, self.device, config.max_cudagraph_capture_size,
-                    self.max_model_len, self.block_size, self.scratch_slot)
+                    self.executor.compiled_forward, self.caches, self.device,
+                    self.config.max_cudagraph_capture_size, self.max_model_len, self.block_size,
+                    self.scratch_slot)
 
     def _tokenizer(self):
         """The model's tokenizer as text -> ids (no special tokens), or None if it has none."""
