@@ -10,7 +10,7 @@ import sys
 from protocol import event_loop
 from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS
 from scheduler_svc.auth import FrontDoor
-from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.config import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
 from scheduler_svc.service import SchedulerService
 
@@ -21,8 +21,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--worker-address", default="tcp://127.0.0.1:5556", help="address workers connect to")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
-    p.add_argument("--scheduling-policy", "--policy", dest="policy", choices=["fcfs", "priority"], default="fcfs",
+    p.add_argument("--preemption", choices=PREEMPTION_MODES, default=SchedulerConfig.preemption_mode)
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=SchedulerConfig.policy,
                    help="priority: lower priority values first, ties by arrival, and a waiting request may "
                         "preempt a running one of a higher value (vLLM's --scheduling-policy)")
     p.add_argument("--no-chunked-prefill", action="store_true")
@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> None:
     config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                             preemption_mode=args.preemption, policy=args.policy,
+                             preemption_mode=args.preemption, policy=args.scheduling_policy,
                              enable_chunked_prefill=not args.no_chunked_prefill,
                              enable_prefix_caching=args.enable_prefix_caching,
                              async_scheduling=args.async_scheduling)

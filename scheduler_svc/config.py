@@ -1,8 +1,9 @@
 """Scheduler configuration and the worker capacity it schedules against."""
 from dataclasses import dataclass
 
+# The one list of each: the scheduler's flags and stepserve's cluster flags offer these.
 PREEMPTION_MODES = ("recompute", "swap")
-POLICIES = ("fcfs", "priority")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class SchedulerConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}")
 
 
 @dataclass(frozen=True)

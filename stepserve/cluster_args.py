@@ -3,6 +3,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
+from scheduler_svc.config import PREEMPTION_MODES, SCHEDULING_POLICIES
 from stepserve.launcher import LocalCluster
 
 
@@ -18,8 +19,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda:N")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--preemption", default=None, choices=["recompute", "swap"])
-    p.add_argument("--scheduling-policy", default=None, choices=["fcfs", "priority"],
+    p.add_argument("--preemption", default=None, choices=PREEMPTION_MODES)
+    p.add_argument("--scheduling-policy", default=None, choices=SCHEDULING_POLICIES,
                    help="priority: lower priority values first; batch jobs yield to interactive requests")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run the model op by op instead of the compiled step (faster start-up)")

@@ -94,7 +94,7 @@ async def test_killed_workers_are_noticed_at_once_and_requeued_in_order_under_th
     # The priority policy puts requests requeued from dead replicas and waiting ones in one heap;
     # --worker-timeout is 60 s, so only the closed connection can explain a gap of seconds.
     with LocalCluster("micro-llama", 2, worker_args=ONE_THREAD_WORKER_ARGS,
-                      scheduler_args=["--max-num-seqs", "32", "--policy", "priority",
+                      scheduler_args=["--max-num-seqs", "32", "--scheduling-policy", "priority",
                                       "--worker-timeout", str(WORKER_TIMEOUT_S)]) as cluster:
         async with AsyncClient(cluster.address, timeout_s=30) as client:
             await client.wait_for_workers(2)
