@@ -69,9 +69,9 @@ class Workload:
 
 def run_size(num_waiting: int, args) -> dict:
     config = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching)
+                             enable_prefix_caching=args.enable_prefix_caching)
     blocks_per_request = -(-(args.prefix_len + args.input_len + args.output_len) // args.block_size)
-    capacity = WorkerCapacity(num_gpu_blocks=args.max_num_seqs * blocks_per_request * 2,
+    capacity = WorkerCapacity(num_gpu_blocks=args.max_num_seqs * blocks_per_request * 2, block_size=args.block_size,
                               max_model_len=2048, eos_token_ids=(2,))
     scheduler = Scheduler(config, capacity)
     workload = Workload(args)

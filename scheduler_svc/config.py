@@ -12,7 +12,6 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256  # requests holding blocks (running) at once
     max_num_batched_tokens: int = 8192  # tokens computed in one step, prefill and decode together
-    block_size: int = 16  # tokens per KV block: the worker's, from its hello (Replica sets it)
     preemption_mode: str = "recompute"  # "recompute" or "swap"; Mamba state models always recompute
     policy: str = "fcfs"  # "fcfs" or "priority" (lower priority value first, may preempt; ties by arrival)
     enable_chunked_prefill: bool = True
@@ -35,8 +34,6 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if self.policy not in SCHEDULING_POLICIES:
@@ -48,6 +45,7 @@ class WorkerCapacity:
     """What a worker group can hold; built by the service from the workers' WorkerHello."""
 
     num_gpu_blocks: int
+    block_size: int  # tokens per KV block: the worker's (its --block-size); block ids only mean something in it
     num_cpu_blocks: int = 0  # 0 disables swap (preemption falls back to recompute)
     num_state_slots: int = 0  # Mamba state slots; 0 for attention-only models
     max_model_len: int = 2048
@@ -57,6 +55,8 @@ class WorkerCapacity:
     def __post_init__(self):
         if self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_cpu_blocks < 0 or self.num_state_slots < 0:
             raise ValueError("num_cpu_blocks and num_state_slots must be >= 0")
         if self.max_model_len < 2:
@@ -66,6 +66,7 @@ class WorkerCapacity:
     @classmethod
     def from_hello(cls, hello) -> "WorkerCapacity":
         """From a protocol.worker_messages.WorkerHello."""
-        return cls(num_gpu_blocks=hello.num_gpu_blocks, num_cpu_blocks=hello.num_cpu_blocks,
-                   num_state_slots=hello.num_state_slots, max_model_len=hello.max_model_len,
-                   eos_token_ids=tuple(hello.eos_token_ids), vocab_size=hello.vocab_size)
+        return cls(num_gpu_blocks=hello.num_gpu_blocks, block_size=hello.block_size,
+                   num_cpu_blocks=hello.num_cpu_blocks, num_state_slots=hello.num_state_slots,
+                   max_model_len=hello.max_model_len, eos_token_ids=tuple(hello.eos_token_ids),
+                   vocab_size=hello.vocab_size)

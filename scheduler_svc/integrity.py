@@ -18,7 +18,7 @@ def check_integrity(scheduler, waiting: list[Request], running: list[Request],
     for request in waiting:
         assert not request.block_ids and request.num_computed_tokens == 0 and request.num_cached_blocks == 0, \
             f"{request} waits holding KV"
-    block_size = scheduler.config.block_size
+    block_size = scheduler.capacity.block_size
     for request in running:
         assert request.num_computed_tokens <= len(request.block_ids) * block_size, f"{request} lacks blocks"
     assert len(running) <= scheduler.max_num_running, "too many running"

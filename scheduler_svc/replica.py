@@ -27,8 +27,6 @@ class Replica:
         capacity = WorkerCapacity.from_hello(hello)
         if config.preemption_mode != "swap":  # the worker's CPU blocks go unused: no swap space
             capacity = dataclasses.replace(capacity, num_cpu_blocks=0)
-        # The block size is the worker's (its --block-size): block ids only mean something in it.
-        config = dataclasses.replace(config, block_size=hello.block_size)
         self.core = Scheduler(config, capacity)
         if config.enable_prefix_caching and not self.core.enable_prefix_caching:
             logger.info("replica %s: prefix caching off: %s keeps per-request state (%d state slots) "

@@ -54,11 +54,11 @@ class Scheduler:
         # A state model's request cannot start mid-prompt without the Mamba state at that point.
         self.enable_prefix_caching = config.enable_prefix_caching and capacity.num_state_slots == 0
         self.block_manager = BlockManager(capacity.num_gpu_blocks, capacity.num_cpu_blocks,
-                                          config.block_size, self.enable_prefix_caching)
+                                          capacity.block_size, self.enable_prefix_caching)
         # Longest a request may grow: the model's limit, what the whole pool holds (so one
         # request alone always fits and preemption cannot livelock), and without chunked
         # prefill one step's budget (a recomputed request must prefill in one step).
-        max_len = min(capacity.max_model_len, capacity.num_gpu_blocks * config.block_size)
+        max_len = min(capacity.max_model_len, capacity.num_gpu_blocks * capacity.block_size)
         if not config.enable_chunked_prefill:
             max_len = min(max_len, config.max_num_batched_tokens)
         self.max_len = max_len
@@ -85,7 +85,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise RequestRejected(ErrorCode.DUPLICATE_ID, f"request id {request.request_id!r} is live")
-        check_request(request, self.capacity, self.config, self.max_len)
+        check_request(request, self.capacity, self.max_len)
         assert request.status == WAITING and not request.block_ids, f"{request} is not new"
         self._requests[request.request_id] = request
         self._waiting.push(request)
@@ -187,7 +187,7 @@ class Scheduler:
         if self.config.policy == "priority":
             running.sort(key=_priority_key)  # victims are taken from the end: lowest first
         block_manager = self.block_manager
-        block_size = self.config.block_size
+        block_size = self.capacity.block_size
         end = len(running)
         i = 0
         while i < end and batch.token_budget > 0:

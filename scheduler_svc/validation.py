@@ -4,12 +4,12 @@ request refused here fails alone, and a request that waits for a worker is check
 is there. Limits that need no worker (lengths of ids, parameters) are the protocol's
 (protocol/limits.py), checked when the message is decoded."""
 from protocol.errors import ErrorCode
-from scheduler_svc.config import SchedulerConfig, WorkerCapacity
+from scheduler_svc.config import WorkerCapacity
 from scheduler_svc.errors import RequestRejected
 from scheduler_svc.request import Request
 
 
-def check_request(request: Request, capacity: WorkerCapacity, config: SchedulerConfig, max_len: int) -> None:
+def check_request(request: Request, capacity: WorkerCapacity, max_len: int) -> None:
     """Raises RequestRejected unless the request fits the worker. max_len: the longest a
     request may grow on it (Scheduler.max_len)."""
     if request.num_tokens >= max_len:
@@ -17,7 +17,7 @@ def check_request(request: Request, capacity: WorkerCapacity, config: SchedulerC
             ErrorCode.PROMPT_TOO_LONG,
             f"{request.num_tokens} tokens leave no room to generate: the limit is {max_len} "
             f"(max_model_len {capacity.max_model_len}, "
-            f"{capacity.num_gpu_blocks} blocks of {config.block_size} tokens)")
+            f"{capacity.num_gpu_blocks} blocks of {capacity.block_size} tokens)")
     if capacity.vocab_size is None:
         return
     if max(request.prompt_token_ids) >= capacity.vocab_size:

@@ -140,8 +140,8 @@ EOS = 2  # the eos token id of make_scheduler's capacity
 
 def make_scheduler(num_gpu_blocks=64, block_size=4, num_cpu_blocks=0, num_state_slots=0,
                    max_model_len=256, **config):
-    return Scheduler(SchedulerConfig(block_size=block_size, **config),
-                     WorkerCapacity(num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+    return Scheduler(SchedulerConfig(**config),
+                     WorkerCapacity(num_gpu_blocks=num_gpu_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                                     num_state_slots=num_state_slots, max_model_len=max_model_len,
                                     eos_token_ids=(EOS,)))
 

@@ -61,13 +61,13 @@ PLANS_IN_FLIGHT = st.sampled_from([1, 2])  # sync, async
 
 class Harness:
     def __init__(self, cfg: dict, seed: int, plans_in_flight: int = 1, deterministic: bool = False):
-        capacity = WorkerCapacity(num_gpu_blocks=cfg.pop("num_gpu_blocks"),
+        capacity = WorkerCapacity(num_gpu_blocks=cfg.pop("num_gpu_blocks"), block_size=cfg.pop("block_size"),
                                   num_cpu_blocks=cfg.pop("num_cpu_blocks"),
                                   num_state_slots=cfg.pop("num_state_slots"),
                                   max_model_len=cfg.pop("max_model_len"), eos_token_ids=(EOS,))
         self.config = SchedulerConfig(**cfg)
         self.scheduler = Scheduler(self.config, capacity)
-        self.worker = FakeWorker(self.config.block_size, vocab=list(range(10, 30)), seed=seed,
+        self.worker = FakeWorker(capacity.block_size, vocab=list(range(10, 30)), seed=seed,
                                  deterministic=deterministic)
         self.plans_in_flight = plans_in_flight
         # Deterministic runs compare modes request by request: ids must not depend on timing.
@@ -230,7 +230,7 @@ def test_dead_worker_requests_rerun_to_the_end_elsewhere(cfg, num_requests, seed
     assert sorted(map(id, requests)) == sorted(map(id, live))
     assert harness.scheduler.num_free_blocks == harness.scheduler.num_total_blocks
     harness.scheduler.check_integrity()
-    harness.worker = FakeWorker(harness.config.block_size, vocab=list(range(10, 30)), seed=seed)  # fresh
+    harness.worker = FakeWorker(harness.scheduler.capacity.block_size, vocab=list(range(10, 30)), seed=seed)  # fresh
     harness.expected_finished = []
     harness.inflight.clear()  # the dead worker's steps never answer
     for request in requests:

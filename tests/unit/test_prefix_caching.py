@@ -246,6 +246,6 @@ def test_a_replica_of_a_state_model_says_why_caching_is_off(caplog):
                         max_model_len=64, block_size=4, num_gpu_blocks=32, num_cpu_blocks=0,
                         num_state_slots=8, eos_token_ids=[2], tokenizer_json=None)
     with caplog.at_level("INFO", logger="stepserve.scheduler"):
-        replica = Replica("w", hello, SchedulerConfig(block_size=4))
+        replica = Replica("w", hello, SchedulerConfig())
     assert not replica.core.enable_prefix_caching
     assert "prefix caching off" in caplog.text and "tiny-mamba" in caplog.text

@@ -15,7 +15,7 @@ def test_config_is_validated():
     with pytest.raises(ValueError):
         SchedulerConfig(max_num_seqs=0)
     with pytest.raises(ValueError):
-        WorkerCapacity(num_gpu_blocks=0)
+        WorkerCapacity(num_gpu_blocks=0, block_size=16)
 
 
 def test_plan_is_incremental_full_data_once_then_only_new_blocks():
