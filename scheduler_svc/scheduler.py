@@ -391,10 +391,6 @@ class Scheduler:
         return self.capacity.num_state_slots - len(self._running)
 
     @property
-    def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
-
-    @property
     def num_plans_in_flight(self) -> int:
         """Plans returned by schedule() and not yet update()d (free-only ones too)."""
         return len(self._inflight)
@@ -407,10 +403,6 @@ class Scheduler:
     def has_plan_in_flight(self) -> bool:
         """A plan that computes for some request is in flight (not only a free-only one)."""
         return any(step.scheduled for step in self._inflight)
-
-    @property
-    def has_pending_ids(self) -> bool:
-        return bool(self._pending_finished)
 
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)

@@ -128,7 +128,8 @@ def run_until_idle(scheduler, worker: FakeWorker, max_steps: int = 10_000) -> li
     for _ in range(max_steps):
         plan = scheduler.schedule()
         if plan is None:
-            assert not scheduler.has_unfinished_requests, "work left but nothing scheduled"
+            assert scheduler.num_waiting == scheduler.num_running == scheduler.num_swapped == 0, \
+                "work left but nothing scheduled"
             return updates
         updates += scheduler.update(plan, worker.run(plan))
         scheduler.check_integrity()

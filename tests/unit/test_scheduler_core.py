@@ -124,11 +124,10 @@ def test_free_only_plan_when_nothing_is_scheduled_but_ids_are_pending():
     scheduler.add_request(make_request("b"))
     step(scheduler, worker)
     scheduler.abort("b")
-    assert scheduler.has_pending_ids
     plan = scheduler.schedule()
     assert plan.finished_ids == ["b"] and plan.num_scheduled == 0
     assert scheduler.update(plan, worker.run(plan)) == []
-    assert not scheduler.has_pending_ids and scheduler.schedule() is None
+    assert scheduler.schedule() is None
 
 
 def test_ids_are_handed_over_only_in_a_returned_plan():
@@ -137,7 +136,6 @@ def test_ids_are_handed_over_only_in_a_returned_plan():
     assert scheduler.schedule() is None
     scheduler.add_request(make_request("a"))
     scheduler.abort("a")
-    assert scheduler.has_pending_ids
     plan = scheduler.schedule()
     assert plan.finished_ids == ["a"]
     assert scheduler.schedule() is None
@@ -360,7 +358,7 @@ def test_take_unfinished_returns_all_live_requests_reset_in_rerun_order():
     assert all(r.status == RequestStatus.WAITING and r.num_computed_tokens == 0 and not r.block_ids
                for r in requests)
     assert requests[0].output_token_ids  # outputs kept for recompute
-    assert not scheduler.has_unfinished_requests and not scheduler.has_pending_ids
+    assert scheduler.num_waiting == scheduler.num_running == scheduler.num_swapped == 0
     assert scheduler.num_free_blocks == 3 and scheduler.block_manager.cpu.num_free == 8
     scheduler.check_integrity()
     assert plan is not None and scheduler.schedule() is None
