@@ -115,7 +115,9 @@ class StepPlan(Message, tag=True):
     # Every request that finished or was aborted since the previous plan, whatever queue it
     # was in; never lagged, never missing one. Unknown ids are ignored.
     finished_ids: list[str]
-    # Preempted by recompute: the worker drops their state; they come back as new requests.
+    # Preempted in this step, by recompute or by swap (a swapped request's KV leaves in
+    # blocks_to_swap_out): the worker drops their state; each comes back in new_requests (or
+    # in finished_ids, if it ends first).
     preempted_ids: list[str]
     new_requests: list[NewRequestData]
     running_requests: list[RunningRequestData]
