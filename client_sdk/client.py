@@ -5,11 +5,12 @@ The connection, its reader task, the sinks that take each request's outputs and 
 are the transport's (transport.py); a request's choices are claimed, given their sinks and
 released through LiveChoices (live_choices.py), the one helper every call shares.
 
-About 350 lines: one class on purpose, since every call shares the model info and the
-tokenizer it caches; what stands alone lives beside it (batch.py, batch_inputs.py, choice.py).
+Every call shares the model info and the tokenizer the client caches, so the calls are methods
+of one class; what needs neither lives beside it (batch.py, batch_inputs.py, choice.py).
 """
 import asyncio
 import functools
+from dataclasses import dataclass, field
 from typing import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 
 from client_sdk.batch import BatchCollector, PromptInFlight
@@ -21,7 +22,7 @@ from client_sdk.live_choices import LiveChoices
 from client_sdk.model_defaults import default_sampling_params
 from client_sdk.outputs import RequestOutput, StreamDelta, prompt_logprobs
 from client_sdk.tokenizer import TextCodec, off_loop
-from client_sdk.transport import Transport, error_output
+from client_sdk.transport import Sink, Transport, error_output
 from protocol.client_messages import GenerateRequest, Health, HealthQuery, ModelInfo, ModelInfoQuery, request_refusal
 from protocol.client_messages import RequestOutput as WireOutput
 from protocol.errors import ErrorCode
@@ -35,6 +36,25 @@ SMALL_BATCH = 4096
 
 def _put_indexed(put: Callable, index: int, output: WireOutput) -> None:
     put((index, output))
+
+
+@dataclass(slots=True)
+class _BatchRun:
+    """The state of one generate_iter_items call, released by _end_batch_run."""
+    items: AsyncIterator[tuple]
+    window: int  # requests (choices) in flight, or ready and not handed over
+    collector: BatchCollector
+    tokenizer_asked: asyncio.Task | None  # see _codec_for_outputs
+    live: dict[int, PromptInFlight] = field(default_factory=dict)  # by index: their choice ids are claimed
+    num_read: int = 0
+    exhausted: bool = False
+    codec_ready: bool = False  # _codec_for_outputs has been awaited
+    given_params: SamplingParams | None = None  # the last item's, and what it validated to (_validated_once)
+    checked_params: SamplingParams | None = None
+
+    @property
+    def has_room(self) -> bool:
+        return self.collector.num_in_flight + len(self.collector.ready) < max(self.window, 1)
 
 
 class AsyncClient:
@@ -148,15 +168,14 @@ class AsyncClient:
         params = validated(params if params is not None else await self.default_sampling_params())
         codec = await (self.text_codec() if params.stop else self._text_codec())
         queue: asyncio.Queue[tuple[int, WireOutput]] = asyncio.Queue()
-        request_id, choice_ids = self._live.claim(
-            request_id, params, lambda index: functools.partial(_put_indexed, queue.put_nowait, index))
-        try:
+
+        def sink_of(index: int) -> Sink:
+            return functools.partial(_put_indexed, queue.put_nowait, index)
+
+        with self._live.claimed(request_id, params, sink_of) as (request_id, choice_ids):
             prompt_ids, refusal = await self._checked_prompt(prompt, choice_ids)
             if refusal is not None:
                 raise RequestError(request_id, *refusal)
-        except BaseException:
-            self._live.forget(request_id, choice_ids)
-            raise
         choices = [Choice(index, params, codec, incremental=True) for index in range(params.n)]
         num_open = len(choices)
         try:
@@ -251,57 +270,76 @@ class AsyncClient:
         # them: by then a killed scheduler could not answer, and the batch would be lost whole.
         tokenizer_asked = None if self._model_info is not None else self._ask_soon(self._text_codec())
         collector = BatchCollector(total, progress, on_stop_string=self._transport.abort_soon)
-        live: dict[int, PromptInFlight] = {}
-        given = checked = None  # the same params object for many prompts in a row: checked once
-        codec_ready = False
+        run = _BatchRun(items, window, collector, tokenizer_asked)
         try:
-            exhausted = False
-            index = 0
             while True:
                 while collector.ready:
-                    self._transport.raise_if_refused()
-                    entry = collector.ready.popleft()
-                    if not codec_ready and any(c.token_ids for c in entry.choices):
-                        await self._codec_for_outputs(tokenizer_asked)
-                        codec_ready = True
-                    del live[entry.index]
-                    self._live.forget(entry.request_id, entry.choice_ids)
-                    yield entry.index, self._request_output(entry)
-                chunk: list[GenerateRequest] = []
-                while not exhausted and collector.num_in_flight + len(collector.ready) < max(window, 1):
-                    item = await anext(items, None)
-                    if item is None:
-                        exhausted = True
-                        break
-                    prompt, p, prio, *request_id = item
-                    request_id = request_id[0] if request_id else None
-                    if p is not given or checked is None:
-                        given, checked = p, validated(p if p is not None else await self.default_sampling_params())
-                    entry, refusal = await self._prompt_in_flight(index, prompt, checked, request_id, collector)
-                    live[index] = entry
-                    index += 1
-                    if refusal is not None:  # fails alone, now, as the scheduler would fail it
-                        for choice_id in entry.choice_ids:
-                            collector.on_output(error_output(choice_id, *refusal))
-                        continue
-                    p = entry.choices[0].params
-                    chunk += [GenerateRequest(choice_id, entry.prompt_ids, choice_params(p, c), prio,
-                                              stream=bool(p.stop)) for c, choice_id in enumerate(entry.choice_ids)]
-                if chunk:
-                    await self._transport.send_requests(chunk)
-                if exhausted and not live:
+                    yield await self._hand_over_ready(run)
+                await self._fill_window(run)
+                if run.exhausted and not run.live:
                     return
                 if not collector.ready:
                     await collector.wait_for_change()
         finally:
-            unfinished = collector.unfinished_ids()
-            if unfinished:
-                self._transport.abort_soon(unfinished)
-            if tokenizer_asked is not None and not tokenizer_asked.done():
-                tokenizer_asked.cancel()
-            for entry in live.values():
-                self._live.forget(entry.request_id, entry.choice_ids)
-            collector.close()
+            self._end_batch_run(run)
+
+    async def _hand_over_ready(self, run: _BatchRun) -> tuple[int, RequestOutput]:
+        """The first prompt whose choices have all ended, its claim released."""
+        self._transport.raise_if_refused()
+        entry = run.collector.ready.popleft()
+        if not run.codec_ready and any(c.token_ids for c in entry.choices):
+            await self._codec_for_outputs(run.tokenizer_asked)
+            run.codec_ready = True
+        del run.live[entry.index]
+        self._live.forget(entry.request_id, entry.choice_ids)
+        return entry.index, self._request_output(entry)
+
+    async def _fill_window(self, run: _BatchRun) -> None:
+        """Reads items while the window has room, and sends their requests in one message."""
+        requests: list[GenerateRequest] = []
+        while not run.exhausted and run.has_room:
+            item = await anext(run.items, None)
+            if item is None:
+                run.exhausted = True
+                break
+            prompt, params, priority, *request_id = item
+            params = await self._validated_once(run, params)
+            requests += await self._add_prompt(run, prompt, params, priority, request_id[0] if request_id else None)
+        if requests:
+            await self._transport.send_requests(requests)
+
+    async def _validated_once(self, run: _BatchRun, params: SamplingParams | None) -> SamplingParams:
+        """params validated (None: the model's defaults), once for a run of prompts given the same object."""
+        if params is not run.given_params or run.checked_params is None:
+            run.given_params, run.checked_params = params, validated(
+                params if params is not None else await self.default_sampling_params())
+        return run.checked_params
+
+    async def _add_prompt(self, run: _BatchRun, prompt: Prompt, params: SamplingParams, priority: int,
+                           request_id: str | None) -> list[GenerateRequest]:
+        """Puts the prompt in flight in the run (see _prompt_in_flight); returns its requests to
+        send: none when it was refused here (it fails alone, now, as the scheduler would fail it)."""
+        entry, refusal = await self._prompt_in_flight(run.num_read, prompt, params, request_id, run.collector)
+        run.live[entry.index] = entry
+        run.num_read += 1
+        if refusal is not None:
+            for choice_id in entry.choice_ids:
+                run.collector.on_output(error_output(choice_id, *refusal))
+            return []
+        return [GenerateRequest(choice_id, entry.prompt_ids, choice_params(params, c), priority,
+                                stream=bool(params.stop)) for c, choice_id in enumerate(entry.choice_ids)]
+
+    def _end_batch_run(self, run: _BatchRun) -> None:
+        """Aborts on the scheduler what had not finished (the caller stopped early, or a call
+        failed), and releases what the run holds."""
+        unfinished = run.collector.unfinished_ids()
+        if unfinished:
+            self._transport.abort_soon(unfinished)
+        if run.tokenizer_asked is not None and not run.tokenizer_asked.done():
+            run.tokenizer_asked.cancel()
+        for entry in run.live.values():
+            self._live.forget(entry.request_id, entry.choice_ids)
+        run.collector.close()
 
     async def _prompt_in_flight(self, index: int, prompt: Prompt, params: SamplingParams, request_id: str | None,
                                 collector: BatchCollector) -> tuple[PromptInFlight, tuple | None]:
@@ -309,12 +347,8 @@ class AsyncClient:
         (error code, message) when it must not be (see _checked_prompt)."""
         if params.stop:
             await self.text_codec()  # stop strings are matched on text
-        request_id, choice_ids = self._live.claim(request_id, params, lambda _: collector.on_output)
-        try:
+        with self._live.claimed(request_id, params, lambda _: collector.on_output) as (request_id, choice_ids):
             prompt_ids, refusal = await self._checked_prompt(prompt, choice_ids)
-        except BaseException:
-            self._live.forget(request_id, choice_ids)
-            raise
         # stop strings: see every step, to abort at a match
         choices = [Choice(c, params, self._codec, incremental=bool(params.stop)) for c in range(params.n)]
         entry = PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,

@@ -17,10 +17,6 @@ class CompletionText:
         self.num_chars_sent = 0
         self.stop_reason: str | None = None  # the stop string that ended the output
 
-    @property
-    def checks_stop_strings(self) -> bool:
-        return bool(self._stop)
-
     def push(self, token_ids: list[int]) -> int | None:
         """Appends the tokens' text. When a stop string matched, the text now ends before it
         (after it with include_stop_str_in_output) and the return value says how many of

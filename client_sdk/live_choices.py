@@ -5,11 +5,13 @@ when n is 1).
 The one helper that stream, generate_batch and generate_iter share: `claim` makes the request's
 id (when the caller gave none) and its choices' ids, claims them on the transport (a live id is
 never taken twice) and registers each choice's sink; `forget` releases them once the request has
-ended or its caller stopped listening (the caller aborts on the scheduler what had not finished).
+ended or its caller stopped listening (the caller aborts on the scheduler what had not finished);
+`claimed` is `claim` for a request still being prepared, forgotten if its preparation fails.
 """
+import contextlib
 import itertools
 import uuid
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from client_sdk.transport import Sink, Transport
 from protocol.sampling import SamplingParams
@@ -35,6 +37,18 @@ class LiveChoices:
         for index, choice_id in enumerate(choice_ids):
             sinks[choice_id] = sink_of(index)
         return request_id, choice_ids
+
+    @contextlib.contextmanager
+    def claimed(self, request_id: str | None, params: SamplingParams, sink_of: Callable[[int], Sink]
+                ) -> Iterator[tuple[str, list[str]]]:
+        """claim's (request id, choice ids) for the block; forgotten if the block raises, else
+        the caller's to forget once the request ends."""
+        request_id, choice_ids = self.claim(request_id, params, sink_of)
+        try:
+            yield request_id, choice_ids
+        except BaseException:
+            self.forget(request_id, choice_ids)
+            raise
 
     def forget(self, request_id: str, choice_ids: list[str]) -> None:
         sinks = self._transport.sinks
