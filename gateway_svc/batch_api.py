@@ -10,8 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse
 
 from gateway_svc.batch_lines import ENDPOINTS
-from gateway_svc.batch_store import COMPLETION_WINDOW_S, TERMINAL, BatchStore, new_id
+from gateway_svc.batch_store import COMPLETION_WINDOW_S, TERMINAL, BatchStore
 from gateway_svc.errors import APIError, bad_request
+from gateway_svc.ids import new_id
 from gateway_svc.openai_requests import decode_body
 from gateway_svc.responses import json_response
 
@@ -48,7 +49,7 @@ def add_batch_routes(app: FastAPI, store: BatchStore, dependencies: list) -> Non
                               param="purpose")
         if upload is None or isinstance(upload, str):
             raise bad_request("a file is required, as the multipart field 'file'", param="file")
-        file_id = new_id("file")
+        file_id = new_id("file-")
 
         def save() -> None:  # a large upload is spooled to disk by Starlette: copy it off the loop
             with open(store.file_path(file_id), "wb") as f:

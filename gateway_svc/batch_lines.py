@@ -12,7 +12,6 @@ has no response and its `error` names the line, as OpenAI's
 batch errors do ({"code", "message", "line"}); that line number is also what a resumed job
 matches it by.
 """
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ import msgspec
 from gateway_svc.chat import chat_completion_job
 from gateway_svc.completions import completion_job
 from gateway_svc.errors import APIError
+from gateway_svc.ids import new_id
 
 # OpenAI documents no bound; this one keeps every custom_id cheap to hold and to look up.
 MAX_CUSTOM_ID_LEN = 512
@@ -79,23 +79,19 @@ def request_of(obj: dict, custom_id: str, line_no: int, endpoint: str | None = N
     return BatchLine(line_no, custom_id, url, body)
 
 
-def _output_id() -> str:
-    return f"batch_req_{uuid.uuid4().hex}"
-
-
 def line_error_output(line_no: int, e: LineError) -> dict:
-    return {"id": _output_id(), "custom_id": e.custom_id, "response": None,
+    return {"id": new_id("batch_req_"), "custom_id": e.custom_id, "response": None,
             "error": {"code": e.code, "message": e.message, "line": line_no}}
 
 
 def response_output(custom_id: str, request_id: str, body: dict) -> dict:
-    return {"id": _output_id(), "custom_id": custom_id,
+    return {"id": new_id("batch_req_"), "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
 
 
 def refused_output(custom_id: str, request_id: str, e: APIError) -> dict:
     """The endpoint's answer to a request it refused (or that failed), as an error line."""
-    return {"id": _output_id(), "custom_id": custom_id,
+    return {"id": new_id("batch_req_"), "custom_id": custom_id,
             "response": {"status_code": e.status, "request_id": request_id, "body": e.body()},
             "error": {"code": e.code, "message": e.message}}
 

@@ -23,7 +23,8 @@ from gateway_svc.batch_lines import (ENDPOINTS, LineError, custom_id_of, done_ke
                                      refused_output, request_of, response_output)
 from gateway_svc.choices import GatheredChoice
 from gateway_svc.errors import APIError, from_sdk_error
-from gateway_svc.responses import Formatter, Job, new_id
+from gateway_svc.ids import new_id
+from gateway_svc.responses import Formatter, Job
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import BATCH_PRIORITY
 
@@ -127,7 +128,7 @@ class BatchRunner:
         try:
             job, formatter = await ENDPOINTS[batch_line.url](_encoder.encode(batch_line.body), self.upstream)
         except APIError as e:
-            self._emit(refused_output(custom_id, new_id("req"), e), ok=False)
+            self._emit(refused_output(custom_id, new_id("req-"), e), ok=False)
             return None
         job.stream = False  # a batch line's answer is one body
         return _LineInFlight(custom_id, job, formatter, [None] * len(job.prompts), len(job.prompts))

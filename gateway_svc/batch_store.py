@@ -12,7 +12,8 @@ import json
 import os
 import sqlite3
 import time
-import uuid
+
+from gateway_svc.ids import new_id
 
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -41,10 +42,6 @@ def default_batch_dir() -> str:
     """Under the user's data directory ($XDG_DATA_HOME, else ~/.local/share)."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "stepserve", "batches")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}" if prefix == "file" else f"{prefix}_{uuid.uuid4().hex}"
 
 
 class BatchStore:
@@ -103,7 +100,7 @@ class BatchStore:
         return os.path.join(self.batch_dir, "work", batch_id)
 
     def add_batch(self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict | None) -> dict:
-        batch_id = new_id("batch")
+        batch_id = new_id("batch_")
         now = int(time.time())
         os.makedirs(self.work_dir(batch_id), exist_ok=True)
         self._db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, "

@@ -1,10 +1,11 @@
 """POST /v1/chat/completions: messages rendered with the model's chat template, n choices."""
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
+from gateway_svc.ids import new_id
 from gateway_svc.logprobs import chat_logprobs
 from gateway_svc.openai_requests import ChatCompletionRequest, checked_request, sampling_params
 from gateway_svc.request_limits import check_depth
-from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id
+from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for
 from gateway_svc.upstream import Upstream
 from protocol.sampling import MAX_LOGPROBS
 
@@ -78,6 +79,6 @@ async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Cha
             raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens_for(info, len(ids), max_tokens), num_logprobs, info=info)
-    job = Job(new_id("chatcmpl"), upstream.name_of(info), [ids], [params], req.stream,
+    job = Job(new_id("chatcmpl-"), upstream.name_of(info), [ids], [params], req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
     return job, ChatFormatter(req, codec)

@@ -4,9 +4,10 @@ import msgspec
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.errors import bad_request
 from gateway_svc.choices import GatheredChoice
+from gateway_svc.ids import new_id
 from gateway_svc.logprobs import completion_logprobs, echo_logprobs
 from gateway_svc.openai_requests import CompletionRequest, checked_request, sampling_params
-from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for, new_id
+from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for
 from gateway_svc.upstream import Upstream
 
 
@@ -123,7 +124,7 @@ async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Completi
               for p in ids]
     if params[0].stop and codec is None:
         raise bad_request("stop strings need the model's tokenizer", "no_tokenizer", param="stop")
-    job = Job(new_id("cmpl"), upstream.name_of(info), ids, params, req.stream,
+    job = Job(new_id("cmpl-"), upstream.name_of(info), ids, params, req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
     prompt_texts = [p if isinstance(p, str) else codec.decode(p) for p in prompts] if req.echo and codec else []
     if req.echo and codec is None:

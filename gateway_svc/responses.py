@@ -7,7 +7,6 @@ and chat differ only in the shape of their chunks and bodies).
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -34,10 +33,6 @@ def sse(obj: dict) -> bytes:
 
 def json_response(obj: dict) -> Response:
     return Response(_encoder.encode(obj), media_type="application/json")
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 @dataclass
