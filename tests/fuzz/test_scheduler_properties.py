@@ -16,7 +16,7 @@ made before the result of the one in flight is applied, as the service does with
 import random
 from collections import Counter, deque
 
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 from hypothesis.control import currently_in_test_context
 
 from protocol.sampling import SamplingParams
@@ -185,7 +185,7 @@ class Harness:
             assert mirrored.num_computed_tokens == request.num_computed_tokens + request.num_inflight_tokens
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None)
 @given(configs, ops, st.integers(0, 2**16), PLANS_IN_FLIGHT)
 def test_random_workloads_keep_every_invariant(cfg, operations, seed, plans_in_flight):
     harness = Harness(dict(cfg), seed, plans_in_flight)
@@ -240,7 +240,7 @@ def test_dead_worker_requests_rerun_to_the_end_elsewhere(cfg, num_requests, seed
     assert all(r.finish_reason in ("length", "stop") for r in requests)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None)
 @given(configs, st.integers(0, 2**32), PLANS_IN_FLIGHT)
 def test_heavy_random_workloads_under_memory_pressure(cfg, seed, plans_in_flight):
     """Long workloads drawn from a seed: many requests at once, so preemption is the norm."""
@@ -296,7 +296,7 @@ def run_heavy_workload(cfg: dict, seed: int, plans_in_flight: int = 1, determini
     return harness
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None)
 @given(configs, st.integers(0, 2**32))
 def test_async_scheduling_gives_every_request_the_tokens_sync_gives(cfg, seed):
     """A worker whose next token is a function of the tokens so far (greedy decoding): the
