@@ -19,16 +19,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scheduler_svc", description="stepserve scheduler")
     p.add_argument("--frontend", default="tcp://127.0.0.1:5555", help="address clients connect to")
     p.add_argument("--worker-address", default="tcp://127.0.0.1:5556", help="address workers connect to")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens)
     p.add_argument("--preemption", choices=PREEMPTION_MODES, default=SchedulerConfig.preemption_mode)
     p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=SchedulerConfig.policy,
                    help="priority: lower priority values first, ties by arrival, and a waiting request may "
                         "preempt a running one of a higher value (vLLM's --scheduling-policy)")
     p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=SchedulerConfig.enable_prefix_caching,
                    help="share the KV of common prompt prefixes (attention models; off for state models)")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=SchedulerConfig.async_scheduling,
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   default=SchedulerConfig.async_scheduling,
                    help="plan each step while the worker runs the one before (two plans in flight; default: on)")
     p.add_argument("--worker-timeout", type=float, default=10.0,
                    help="seconds of silence after which a worker is dropped and its requests requeued")

@@ -24,10 +24,10 @@ cannot be scheduled again before: preemption admits nothing in its plan (but req
 urgent than every one it preempted, for whom priority preemption made room), and the plan after
 is made once the step was applied. Hence two plans, never more.
 
-Longer than ~300 lines on purpose: schedule(), update() and the ends of a request change one
-state (the queues, the block manager, the steps in flight) whose invariants hold together
-(check_integrity); split across files they would be read apart. The parts that stand alone
-have their own modules (step_batch, block_manager, waiting_queue, stop_checks, validation).
+schedule(), update() and the ends of a request change one state (the queues, the block
+manager, the steps in flight) whose invariants hold together (check_integrity), so they share
+this class; the parts that stand alone have their own modules (step_batch, block_manager,
+waiting_queue, stop_checks, validation).
 """
 from collections import deque
 

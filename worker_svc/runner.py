@@ -14,9 +14,9 @@ padded to a bucket (model_executor.py); results go back in the plan's order.
 Tensor parallel: every rank of a group runs the same plans on its shard of the model and KV
 cache; rank 0 samples and broadcasts the token ids, so every rank appends the same tokens.
 
-About 360 lines: one class on purpose, since every phase of a step reads and writes the same
-request tables; what stands alone lives beside it (request_table.py, logits_processors.py,
-structured_outputs.py, prompt_logprobs.py, sampler.py, model_executor.py).
+Every phase of a step reads and writes the same request tables, so they share this class; what
+stands alone lives beside it (request_table.py, logits_processors.py, structured_outputs.py,
+prompt_logprobs.py, sampler.py, model_executor.py).
 """
 import logging
 from itertools import chain
