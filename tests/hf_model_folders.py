@@ -5,6 +5,7 @@ float32 plus a byte-level tokenizer.json, and returns the path. Test-only: trans
 test dependency. Keyword overrides go to the transformers config.
 """
 import os
+import shutil
 
 import torch
 
@@ -244,3 +245,14 @@ def write_chat_template(folder: str, template: str = CHAT_TEMPLATE) -> str:
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
     return folder
+
+
+def resharded(folder: str, path: str, max_shard_size: str) -> str:
+    """A copy of a folder whose weights transformers saves again in safetensors shards of at most
+    max_shard_size, with their model.safetensors.index.json; its other files copied as they are."""
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).save_pretrained(path, max_shard_size=max_shard_size)
+    for name in os.listdir(folder):
+        if not name.endswith(".safetensors") and not os.path.exists(os.path.join(path, name)):
+            shutil.copy(os.path.join(folder, name), path)
+    return str(path)

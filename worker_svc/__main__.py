@@ -1,4 +1,5 @@
-"""python -m worker_svc --scheduler tcp://127.0.0.1:5556 --model tiny-llama|PATH [--device cpu|cuda:N]
+"""python -m worker_svc --scheduler tcp://127.0.0.1:5556 --model tiny-llama|PATH|ORG/NAME [--device cpu|cuda:N]
+[--revision REV] [--download-dir DIR]  (a Hugging Face hub id: fetched here, into the hub's cache)
 [--dtype ...] [--load-format auto|dummy] [--kv-cache-gb N]
 [--tensor-parallel-size N --rank R --dist-init-address tcp://HOST:PORT [--group-id ID]]
 [--devices all]  (one worker process per visible CUDA device)
@@ -14,6 +15,7 @@ import uuid
 from protocol import AuthenticationError
 from protocol.curve import connecting_keys
 from worker_svc.model_config import check_servable
+from worker_svc.model_source import ModelUnavailable, resolve_model
 from worker_svc.runner_config import add_cli_args, from_args
 
 
@@ -46,7 +48,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    check_servable(args.model)
+    try:
+        check_servable(resolve_model(args.model, args.revision, args.download_dir, args.load_format))
+    except ModelUnavailable as e:
+        raise SystemExit(str(e)) from None  # one line that says what to do; a traceback would bury it
     # Imported after the check: torch takes seconds to import (tens on a busy machine), and a
     # model this worker cannot serve must fail before that, with its reason.
     from worker_svc import devices

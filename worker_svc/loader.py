@@ -5,7 +5,6 @@ that load the same preset get bit-identical weights, which end-to-end tests rely
 tensor parallelism each rank draws the full (unsharded) tensor and keeps its slice, so a group
 of N ranks holds exactly the weights of one worker alone.
 """
-import glob
 import json
 import os
 import zlib
@@ -18,6 +17,7 @@ from protocol.sampling import SamplingDefaults
 from worker_svc import presets
 from worker_svc.byte_tokenizer import byte_tokenizer_json
 from worker_svc.model_config import read_config
+from worker_svc.model_source import weight_files
 from worker_svc.models import model_class
 from worker_svc.models.layers import shard_full
 from worker_svc.parallel import TensorParallel
@@ -47,10 +47,12 @@ class LoadedModel:
 
 def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
                load_format: str = "auto", seed: int = 0,
-               tp: TensorParallel = TensorParallel(), generation_config: str = "auto") -> LoadedModel:
-    """model: a preset name (presets.PRESETS) or a Hugging Face model folder; tp: which shard
-    of it this process holds; generation_config: where sampling defaults come from
-    (runner_config.RunnerConfig.generation_config)."""
+               tp: TensorParallel = TensorParallel(), generation_config: str = "auto",
+               name: str | None = None) -> LoadedModel:
+    """model: a preset name (presets.PRESETS) or a Hugging Face model folder (a hub id's:
+    model_source.resolve_model); tp: which shard of it this process holds; generation_config:
+    where sampling defaults come from (runner_config.RunnerConfig.generation_config); name: what
+    the model is called (default: model; the hub id, for its snapshot folder)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format {load_format!r} not in {LOAD_FORMATS}")
     device = torch.device(device)
@@ -78,7 +80,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "cpu",
     folder = None if presets.is_preset(model) else model
     eos = _eos_token_ids(config, folder)
     defaults_folder = {"auto": folder, "vllm": None}.get(generation_config, generation_config)
-    return LoadedModel(model, config, module, torch_dtype, device, tokenizer_json, eos, chat_template,
+    return LoadedModel(name or model, config, module, torch_dtype, device, tokenizer_json, eos, chat_template,
                        special_tokens, sampling_defaults(defaults_folder))
 
 
@@ -146,19 +148,21 @@ def init_dummy_weights(module: torch.nn.Module, seed: int = 0) -> None:
 
 
 def _iter_checkpoint(folder: str, load_format: str):
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if files and load_format in ("auto", "safetensors"):
-        from safetensors import safe_open
-        for path in files:
+    """(name, tensor) of every weight file the checkpoint has: each shard, for a sharded one."""
+    def read_index(index: str) -> dict:
+        with open(os.path.join(folder, index)) as f:
+            return json.load(f)
+    files = weight_files(os.listdir(folder), load_format, read_index)
+    if not files:
+        raise FileNotFoundError(f"no {load_format} weights in {folder}")
+    for path in (os.path.join(folder, name) for name in files):
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
-        return
-    bins = sorted(glob.glob(os.path.join(folder, "*.bin")))
-    if not bins or load_format == "safetensors":
-        raise FileNotFoundError(f"no {load_format} weights in {folder}")
-    for path in bins:
-        yield from torch.load(path, map_location="cpu", weights_only=True).items()
+        else:
+            yield from torch.load(path, map_location="cpu", weights_only=True).items()
 
 
 def _eos_token_ids(config: dict, folder: str | None) -> list[int]:

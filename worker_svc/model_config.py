@@ -12,13 +12,15 @@ from worker_svc.models import supported_architecture
 
 
 def read_config(model: str) -> dict:
-    """model: a preset name (presets.PRESETS) or a Hugging Face model folder."""
+    """model: a preset name (presets.PRESETS) or a Hugging Face model folder (a hub id's:
+    model_source.resolve_model)."""
     if presets.is_preset(model):
         return presets.preset_config(model)
     if os.path.isdir(model):
         with open(os.path.join(model, "config.json")) as f:
             return json.load(f)
-    raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}) nor a folder")
+    raise ValueError(f"{model!r} is neither a preset ({sorted(presets.PRESETS)}), a folder, nor a Hugging Face "
+                     "hub id (ORG/NAME)")
 
 
 def check_servable(model: str) -> None:

@@ -33,6 +33,7 @@ from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
 from worker_svc.logits_processors import LogitsProcessors
 from worker_svc.model_executor import ModelExecutor
+from worker_svc.model_source import resolve_model
 from worker_svc.models.rotary import max_model_len
 from worker_svc.models.state_layout import StateLayout
 from worker_svc.parallel import TensorParallel, init_process_group
@@ -65,12 +66,13 @@ class ModelRunner:
         config = self.config
         self.tp = TensorParallel(config.tensor_parallel_size, config.rank)
         # Load before joining the group: a model that cannot be sharded fails at once.
-        self.loaded = load_model(config.model, dtype=config.dtype, device=config.device,
+        source = resolve_model(config.model, config.revision, config.download_dir, config.load_format)
+        self.loaded = load_model(source, dtype=config.dtype, device=config.device,
                                  load_format=config.load_format, seed=config.seed, tp=self.tp,
-                                 generation_config=config.generation_config)
+                                 generation_config=config.generation_config, name=config.model)
         init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
-        cpu_threads.choose_threads(config.model, self.device, config.threads)  # before compiling
+        cpu_threads.choose_threads(source, self.device, config.threads)  # before compiling
 
     def _read_model_facts(self) -> None:
         """What the steps need of the model: its vocabulary, its longest sequence, and its rotary

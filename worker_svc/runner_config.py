@@ -7,7 +7,11 @@ from dataclasses import dataclass, fields
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    model: str = "tiny-llama"  # a preset name (worker_svc.presets) or a Hugging Face folder
+    model: str = "tiny-llama"  # a preset name (worker_svc.presets), a Hugging Face folder or hub id
+    # Of a hub id (model_source.py): the branch, tag or commit (None: main), and the hub cache
+    # it is downloaded into (None: huggingface_hub's, HF_HUB_CACHE / HF_HOME).
+    revision: str | None = None
+    download_dir: str | None = None
     dtype: str = "auto"  # float32 / bfloat16 / float16 / auto (folder: config; preset: bf16)
     device: str = "cpu"  # cpu or cuda:N
     load_format: str = "auto"  # auto / safetensors / pt / dummy (seeded random weights)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.hf_model_folders import make_llama_folder
+from tests.hf_model_folders import make_llama_folder, resharded
 from worker_svc.byte_tokenizer import byte_tokenizer_json
 from worker_svc.loader import load_model
 from worker_svc.presets import PRESETS
@@ -91,3 +91,17 @@ def test_a_checkpoint_missing_a_weight_fails_loudly(tmp_path):
         load_model(folder)
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_a_sharded_checkpoint_loads_the_shards_its_index_names(tmp_path):
+    from safetensors.torch import save_file
+    folder = make_llama_folder(str(tmp_path / "m"))
+    sharded = resharded(folder, str(tmp_path / "sharded"), max_shard_size="100KB")
+    shards = [p.name for p in (tmp_path / "sharded").glob("*.safetensors")]
+    assert len(shards) > 2 and (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    # The same weights consolidated under other names, as some repositories keep them too: not loaded.
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2, 2)}, str(tmp_path / "sharded" / "consolidated.safetensors"))
+    whole, from_shards = load_model(folder), load_model(sharded, name="test-org/tiny-model")
+    assert from_shards.name == "test-org/tiny-model"
+    expected, loaded = _weights(whole), _weights(from_shards)
+    assert loaded.keys() == expected.keys() and all(torch.equal(loaded[n], expected[n]) for n in expected)
