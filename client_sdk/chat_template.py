@@ -63,12 +63,35 @@ def flatten_content(messages: list[dict]) -> list[dict]:
     return out
 
 
+def _arguments_as_objects(messages: list[dict]) -> list[dict]:
+    """An assistant message's tool calls with their arguments parsed (OpenAI sends them as JSON
+    text; templates write them with tojson), as vLLM hands them to a template."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and isinstance(calls, list):
+            parsed = []
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    try:
+                        arguments = json.loads(function["arguments"]) if function["arguments"] else {}
+                    except json.JSONDecodeError:
+                        raise ChatTemplateError(f"tool call {function.get('name')!r}: arguments are not JSON: "
+                                                f"{function['arguments'][:200]!r}") from None
+                    call = {**call, "function": {**function, "arguments": arguments}}
+                parsed.append(call)
+            message = {**message, "tool_calls": parsed}
+        out.append(message)
+    return out
+
+
 def render_chat(template: str, messages: list[dict], special_tokens: dict[str, str], *,
                 add_generation_prompt: bool = True, tools: list | None = None, documents: list | None = None,
                 **kwargs) -> str:
     """The conversation as one prompt string; ChatTemplateError when the template fails."""
     try:
-        return _compile(template).render(messages=flatten_content(messages), tools=tools, documents=documents,
+        return _compile(template).render(messages=_arguments_as_objects(flatten_content(messages)), tools=tools, documents=documents,
                                          add_generation_prompt=add_generation_prompt, **special_tokens, **kwargs)
     except jinja2.exceptions.TemplateError as e:
         raise ChatTemplateError(f"the chat template failed: {e}") from None

@@ -1,6 +1,7 @@
 """python -m gateway_svc --scheduler tcp://127.0.0.1:5555 --host 127.0.0.1 --port 8000 [--reuse-port]
 [--api-key KEY] [--served-model-name NAME] [--max-num-requests N] [--batch-dir DIR]
 [--max-request-body-bytes N] [--max-prompts-per-request N]
+[--enable-auto-tool-choice] [--tool-call-parser NAME] [--reasoning-parser NAME]
 [--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ to the scheduler; or the SDK's variables)"""
 import argparse
 import asyncio
@@ -19,6 +20,7 @@ from client_sdk.batch import DEFAULT_BATCH_WINDOW
 from gateway_svc.app import create_app
 from gateway_svc.batch_jobs import BatchJobs
 from gateway_svc.batch_store import BatchStore, default_batch_dir
+from gateway_svc.chat_parsing import add_chat_parsing_flags, chat_parsing_of
 from gateway_svc.request_limits import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, RequestLimits
 from gateway_svc.upstream import Upstream
 
@@ -53,8 +55,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "on a local filesystem: each batch is run by one of them at a time")
     p.add_argument("--batch-window", type=int, default=DEFAULT_BATCH_WINDOW,
                    help="a batch's requests in flight at most")
+    add_chat_parsing_flags(p)
     p.add_argument("--log-level", default="WARNING")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.chat_parsing = chat_parsing_of(args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 def _batch_store(batch_dir: str | None) -> BatchStore | None:
@@ -83,7 +91,7 @@ async def serve(args: argparse.Namespace) -> None:
     client = AsyncClient(args.scheduler, timeout_s=args.scheduler_timeout, curve_server_key=args.curve_server_key,
                          curve_secret_key=args.curve_secret_key)
     upstream = Upstream(client, args.served_model_name, args.max_num_requests,
-                        RequestLimits(args.max_request_body_bytes, args.max_prompts_per_request))
+                        RequestLimits(args.max_request_body_bytes, args.max_prompts_per_request), args.chat_parsing)
     store = _batch_store(args.batch_dir)
     jobs = asyncio.ensure_future(BatchJobs(store, upstream, args.batch_window).run_forever()) if store else None
     config = uvicorn.Config(create_app(upstream, args.api_key, store), host=args.host, port=args.port, loop="none",

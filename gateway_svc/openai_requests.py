@@ -1,8 +1,8 @@
 """Request bodies of OpenAI's API (with vLLM's extras), decoded and validated with msgspec, and
 their sampling fields turned into the SDK's SamplingParams (which owns the value ranges).
 
-Unknown fields are ignored, as vLLM does; fields we cannot honour (suffix, tools, a streamed
-echo) are refused with a 400 rather than silently dropped.
+Unknown fields are ignored, as vLLM does; fields we cannot honour (suffix, a streamed echo) are
+refused with a 400 rather than silently dropped.
 """
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # unset: "auto" with tools, else "none" (tool_choice.py)
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -105,9 +107,6 @@ def refuse_unsupported(req: _SamplingFields) -> None:
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of not in (None, req.n):
             raise bad_request("best_of other than n is not supported", param="best_of")
-    else:
-        if req.tools:
-            raise bad_request("tools are not supported", param="tools")
 
 
 def _token_keys(logit_bias: dict[str, float]) -> dict[int, float]:
@@ -117,10 +116,16 @@ def _token_keys(logit_bias: dict[str, float]) -> dict[int, float]:
         raise bad_request("logit_bias keys must be token ids", param="logit_bias") from None
 
 
-def structured_outputs(req: _SamplingFields) -> dict[str, Any] | None:
-    """vLLM's structured_outputs, or OpenAI's response_format in its terms."""
+def structured_outputs(req: _SamplingFields, forced: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """vLLM's structured_outputs, or OpenAI's response_format in its terms; forced: a forced
+    tool_choice's grammar (tool_choice.py), which takes the place of both."""
     fmt = req.response_format
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if forced is not None:
+        if req.structured_outputs is not None or kind not in (None, "text"):
+            raise bad_request("a forced tool_choice (required, or a named function) sets the output's grammar: "
+                              "give no response_format or structured_outputs with it", param="tool_choice")
+        return forced
     if req.structured_outputs is not None:
         if kind not in (None, "text"):
             raise bad_request("give response_format or structured_outputs, not both", param="response_format")
@@ -141,7 +146,8 @@ def structured_outputs(req: _SamplingFields) -> dict[str, Any] | None:
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | None,
-                    prompt_logprobs: int | None = None, info: ModelInfo | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, info: ModelInfo | None = None,
+                    forced_structured_outputs: dict[str, Any] | None = None) -> SamplingParams:
     """The request's sampling, the model's defaults (info.sampling_defaults) for the fields it
     omits; a 400 that names the field when a value is out of range."""
     fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
@@ -155,7 +161,7 @@ def sampling_params(req: _SamplingFields, max_tokens: int, num_logprobs: int | N
             fields[name] = value
     if req.logit_bias:
         fields["logit_bias"] = _token_keys(req.logit_bias)
-    structured = structured_outputs(req)
+    structured = structured_outputs(req, forced_structured_outputs)
     if structured is not None:
         fields["structured_outputs"] = structured
     try:

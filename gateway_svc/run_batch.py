@@ -13,6 +13,7 @@ import time
 from client_sdk.client import AsyncClient
 from gateway_svc.batch_files import OutputFile, read_finished, read_lines
 from gateway_svc.batch_runner import BatchCounts, BatchRunner
+from gateway_svc.chat_parsing import chat_parsing_of
 from gateway_svc.upstream import Upstream
 
 
@@ -47,7 +48,7 @@ async def run(args: argparse.Namespace, address: str) -> int:
                 "curve_secret_key": f"{args.curve_keys}/client.key_secret"}
     async with AsyncClient(address, timeout_s=60, **keys) as client:
         await client.wait_for_workers(1, timeout_s=600)
-        upstream = Upstream(client, args.served_model_name)
+        upstream = Upstream(client, args.served_model_name, chat_parsing=chat_parsing_of(args))
         progress = _Progress(_num_lines(args.input_file)) if sys.stderr.isatty() else None
         out = None
         try:

@@ -5,6 +5,7 @@ import asyncio
 import time
 
 from client_sdk.client import AsyncClient
+from gateway_svc.chat_parsing import ChatParsing
 from gateway_svc.disconnects import Disconnects
 from gateway_svc.request_limits import RequestLimits
 from gateway_svc.errors import APIError, unavailable
@@ -16,9 +17,10 @@ HEALTH_MAX_AGE_S = 0.25  # a worker that joins or leaves is seen within this
 
 class Upstream:
     def __init__(self, client: AsyncClient, served_model_name: str | None = None, max_num_requests: int = 0,
-                 limits: RequestLimits = RequestLimits()):
+                 limits: RequestLimits = RequestLimits(), chat_parsing: ChatParsing = ChatParsing()):
         self.client = client
         self.limits = limits  # what one request may ask, for every route and batch line
+        self.chat_parsing = chat_parsing  # how chat outputs are parsed, for the route and batch lines
         self.served_model_name = served_model_name
         self.max_num_requests = max_num_requests  # 0: no bound
         self.num_requests = 0  # in flight through this gateway
