@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from protocol import ErrorCode
 from scheduler_svc.admission import Admission
@@ -20,19 +21,16 @@ logger = logging.getLogger("stepserve.scheduler")
 POLL_S = 0.05
 
 
+@dataclass(eq=False)
 class Drain:
-    def __init__(self, admission: Admission, requests: LiveRequests, replicas: ReplicaSet, *,
-                 flush_outputs: Callable[[], Awaitable[None]], stop: Callable[[], None], timeout_s: float = 30.0):
-        """flush_outputs: sends the outputs queued in requests.outputs to their clients; stop:
-        ends the service (it tells the workers to shut down)."""
-        self._admission = admission
-        self._requests = requests
-        self._replicas = replicas
-        self._flush_outputs = flush_outputs
-        self._stop = stop
-        self.timeout_s = timeout_s
-        self._task: asyncio.Task | None = None
-        self._cut_short = asyncio.Event()
+    admission: Admission
+    requests: LiveRequests
+    replicas: ReplicaSet
+    flush_outputs: Callable[[], Awaitable[None]]  # sends the outputs queued in requests.outputs to their clients
+    stop: Callable[[], None]  # ends the service: it tells the workers to shut down
+    timeout_s: float = 30.0
+    _task: asyncio.Task | None = field(default=None, init=False)
+    _cut_short: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def begin(self) -> None:
         """The signal handler: the first call starts the drain, a second one ends it now."""
@@ -43,11 +41,11 @@ class Drain:
             self._cut_short.set()
 
     async def _run(self) -> None:
-        requests = self._requests
-        self._admission.draining = True
+        requests = self.requests
+        self.admission.draining = True
         logger.info("draining: %d requests to finish in at most %.1f s", len(requests.book), self.timeout_s)
         deadline = time.monotonic() + self.timeout_s
-        while len(requests.book) and self._replicas and not self._cut_short.is_set():
+        while len(requests.book) and self.replicas and not self._cut_short.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -60,5 +58,5 @@ class Drain:
             logger.warning("drain: %d requests not finished; failing them", num_left)
         requests.fail_all(ErrorCode.SHUTTING_DOWN, "the scheduler shut down before this request finished "
                                                    f"(--drain-timeout-s {self.timeout_s:g})")
-        await self._flush_outputs()
-        self._stop()
+        await self.flush_outputs()
+        self.stop()
