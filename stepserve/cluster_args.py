@@ -8,7 +8,12 @@ from stepserve.launcher import LocalCluster
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny-llama", help="preset name or Hugging Face model folder")
+    p.add_argument("--model", default="tiny-llama",
+                   help="preset name, Hugging Face model folder, or hub id (ORG/NAME: downloaded into the hub's cache)")
+    p.add_argument("--revision", default=None, help="of a hub id: the branch, tag or commit (default: main)")
+    p.add_argument("--download-dir", default=None, metavar="DIR",
+                   help="of a hub id: the Hugging Face cache to download into and read (default: HF_HUB_CACHE, "
+                        "~/.cache/huggingface/hub)")
     p.add_argument("--data-parallel-size", type=int, default=None,
                    help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name; "
                         "default: one per core for a small model on a CPU, else 1)")
@@ -47,9 +52,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 # Options left None take that process's own default; booleans become --name / --no-name.
 _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy",
                       "enable_prefix_caching", "async_scheduling")
-_WORKER_OPTIONS = ("dtype", "load_format", "kv_cache_gb", "max_model_len", "gpu_memory_utilization",
-                   "swap_space_gb", "device", "block_size", "enforce_eager", "compile_cache_dir",
-                   "generation_config", "max_cudagraph_capture_size")
+_WORKER_OPTIONS = ("revision", "download_dir", "dtype", "load_format", "kv_cache_gb", "max_model_len",
+                   "gpu_memory_utilization", "swap_space_gb", "device", "block_size", "enforce_eager",
+                   "compile_cache_dir", "generation_config", "max_cudagraph_capture_size")
 
 
 def child_args(**options) -> tuple[list[str], list[str]]:

@@ -9,7 +9,8 @@ link uses CurveZMQ, each process with its own role's key.
 
 start() returns once every worker has joined the scheduler, or raises ProcessExited with the
 dead process's own last error line as soon as any process of the cluster exits: every caller
-(LLM, the `stepserve` commands, the benchmarks) fails fast the same way. With announce=True
+(LLM, the `stepserve` commands, the benchmarks) fails fast the same way. A Hugging Face hub id
+is fetched here first (local_model), for all the workers of this host. With announce=True
 it says on stderr what it is doing: a worker compiling, then one line with the model, dtype,
 device and whether the step is compiled.
 """
@@ -68,12 +69,12 @@ class LocalCluster:
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model = model
-        if data_parallel_size is None:
-            data_parallel_size = default_data_parallel_size(model, worker_args, tensor_parallel_size)
-        self.data_parallel_size = data_parallel_size
-        self.tensor_parallel_size = tensor_parallel_size
         self.scheduler_args = list(scheduler_args)
         self.worker_args = list(worker_args)
+        if data_parallel_size is None:
+            data_parallel_size = default_data_parallel_size(self.local_model(), worker_args, tensor_parallel_size)
+        self.data_parallel_size = data_parallel_size
+        self.tensor_parallel_size = tensor_parallel_size
         self.frontend = frontend
         self.worker_address = worker_address
         self.quiet = quiet
@@ -88,6 +89,16 @@ class LocalCluster:
         self.curve_keys = curve_keys or os.environ.get(KEYS_DIR_ENV) or None
         self._processes: list[subprocess.Popen] = []  # every one started, for the finalizer
         self._finalizer = weakref.finalize(self, stop_all, self._processes)
+
+    def local_model(self) -> str:
+        """The preset or folder this host's workers load for the model: a hub id resolved here
+        as each worker resolves it (with their --revision, --download-dir and --load-format),
+        so that it is downloaded once, before any worker starts, and a model that cannot be had
+        fails at once with model_source.ModelUnavailable's one line."""
+        from worker_svc.model_source import resolve_model  # no torch; huggingface_hub for a hub id only
+        args = self.worker_args
+        return resolve_model(self.model, flag_value(args, "--revision"), flag_value(args, "--download-dir"),
+                             flag_value(args, "--load-format") or "auto")
 
     def _key(self, name: str) -> str:
         return os.path.join(self.curve_keys, name)
@@ -145,6 +156,7 @@ class LocalCluster:
         start compiles the model's step: minutes on a small CPU)."""
         started = time.monotonic()
         try:
+            self.local_model()
             self.start_scheduler(self.frontend, self.worker_address, timeout_s)
             for _ in range(self.data_parallel_size):
                 self.add_replica()

@@ -35,7 +35,9 @@ OUTPUT_COLUMNS = ("generated_text", "generated_token_ids", "num_input_tokens", "
 
 @dataclass
 class ProcessorConfig:
-    """model: a preset name or a model folder, present on every node (ignored with address).
+    """model: a preset name, a model folder present on every node, or a Hugging Face hub id that
+    each actor fetches on its node (engine_kwargs' revision and download_dir, as LLM's); ignored
+    with address.
     address: a running service's frontend; the actors then start nothing of their own.
     concurrency: actors (replicas, without address). num_cpus / num_gpus: each actor's Ray
     resources; a CPU worker takes num_cpus threads. batch_size: rows per call of an actor; each

@@ -251,7 +251,8 @@ def resharded(folder: str, path: str, max_shard_size: str) -> str:
     """A copy of a folder whose weights transformers saves again in safetensors shards of at most
     max_shard_size, with their model.safetensors.index.json; its other files copied as they are."""
     from transformers import AutoModelForCausalLM
-    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).save_pretrained(path, max_shard_size=max_shard_size)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.save_pretrained(path, max_shard_size=max_shard_size)
     for name in os.listdir(folder):
         if not name.endswith(".safetensors") and not os.path.exists(os.path.join(path, name)):
             shutil.copy(os.path.join(folder, name), path)

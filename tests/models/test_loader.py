@@ -100,7 +100,7 @@ def test_a_sharded_checkpoint_loads_the_shards_its_index_names(tmp_path):
     shards = [p.name for p in (tmp_path / "sharded").glob("*.safetensors")]
     assert len(shards) > 2 and (tmp_path / "sharded" / "model.safetensors.index.json").exists()
     # The same weights consolidated under other names, as some repositories keep them too: not loaded.
-    save_file({"layers.0.attention.wq.weight": torch.zeros(2, 2)}, str(tmp_path / "sharded" / "consolidated.safetensors"))
+    save_file({"layers.0.attention.wq.weight": torch.zeros(2, 2)}, f"{sharded}/consolidated.safetensors")
     whole, from_shards = load_model(folder), load_model(sharded, name="test-org/tiny-model")
     assert from_shards.name == "test-org/tiny-model"
     expected, loaded = _weights(whole), _weights(from_shards)
