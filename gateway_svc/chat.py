@@ -1,5 +1,7 @@
 """POST /v1/chat/completions: messages (and tools) rendered with the model's chat template, n
 choices, each output parsed into reasoning, content and tool calls (chat_output.py)."""
+import msgspec
+
 from client_sdk.tokenizer import TextCodec
 from gateway_svc.chat_output import ChoiceOutput
 from gateway_svc.chat_parsing import ChatParsing
@@ -7,6 +9,7 @@ from gateway_svc.errors import bad_request
 from gateway_svc.ids import new_id
 from gateway_svc.logprobs import chat_logprobs
 from gateway_svc.openai_requests import ChatCompletionRequest, checked_request, sampling_params
+from gateway_svc.reasoning_parsers import REASONING_PARSERS, THINK_END
 from gateway_svc.request_limits import check_depth
 from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_for
 from gateway_svc.tool_choice import ToolChoice, tool_choice_of
@@ -64,6 +67,12 @@ class ChatFormatter(Formatter):
         return body
 
 
+def _starts_in_reasoning(parsing: ChatParsing, req: ChatCompletionRequest) -> bool:
+    if parsing.reasoning_parser is None:
+        return False
+    return REASONING_PARSERS[parsing.reasoning_parser](chat_template_kwargs=req.chat_template_kwargs).starts_in_reasoning
+
+
 async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, ChatFormatter]:
     """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
     a batch line (gateway_svc.batch_lines) both run it."""
@@ -94,6 +103,11 @@ async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Cha
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens_for(info, len(ids), max_tokens), num_logprobs, info=info,
                              forced_structured_outputs=tool_choice.structured_outputs())
+    if params.structured_outputs is not None and _starts_in_reasoning(upstream.chat_parsing, req):
+        # The grammar is the answer's: it holds after the reasoning span, as vLLM applies it.
+        after = codec.encode(THINK_END, add_special_tokens=False)
+        params = msgspec.structs.replace(params, structured_outputs=msgspec.structs.replace(
+            params.structured_outputs, after_token_ids=after))
     job = Job(new_id("chatcmpl-"), upstream.name_of(info), [ids], [params], req.stream,
               bool(req.stream_options and req.stream_options.include_usage), req.priority)
     return job, ChatFormatter(req, codec, tool_choice, upstream.chat_parsing)

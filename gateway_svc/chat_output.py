@@ -14,10 +14,8 @@ class ChoiceOutput:
     """The parsers of one choice (a stream's keep state between pieces)."""
 
     def __init__(self, parsing: ChatParsing, tool_choice: ToolChoice, chat_template_kwargs: dict | None = None):
-        # A forced tool choice's grammar holds from the first token (no reasoning before it).
-        reasons = parsing.reasoning_parser is not None and not tool_choice.forced
         self._reasoning = (REASONING_PARSERS[parsing.reasoning_parser](chat_template_kwargs=chat_template_kwargs)
-                           if reasons else None)
+                           if parsing.reasoning_parser else None)
         self._tool_choice = tool_choice
         self._tools = (TOOL_PARSERS[parsing.tool_call_parser](tool_choice.tools)
                        if tool_choice.mode == "auto" else None)

@@ -106,6 +106,12 @@ class ReasoningParser(ABC):
             send(self._on_end())
         return "".join(reasoning), "".join(content)
 
+    @property
+    def starts_in_reasoning(self) -> bool:
+        """Whether the output begins inside a think block, which THINK_END closes: a grammar for
+        the answer then holds only after it."""
+        return self._starts_in_reasoning()
+
     @abstractmethod
     def _starts_in_reasoning(self) -> bool:
         """Whether the output starts inside the think block (opened by the prompt)."""

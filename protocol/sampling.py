@@ -17,6 +17,7 @@ class StructuredOutputsParams(msgspec.Struct, forbid_unknown_fields=True, omit_d
     """vLLM's: exactly one constraint on the output text. json: a JSON schema (a dict, or its
     text); json_object: any JSON object; regex: the text full-matches it; choice: the text is one
     of these strings; grammar: an EBNF grammar (GBNF/xgrammar syntax, root rule `root`).
+    after_token_ids: where the constrained text begins (after a reasoning span).
 
     Checked here for shape; whether the schema, regex or grammar compiles is the worker's
     grammar engine's to say (worker_svc/structured_outputs.py), which fails that request alone."""
@@ -27,6 +28,10 @@ class StructuredOutputsParams(msgspec.Struct, forbid_unknown_fields=True, omit_d
     choice: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_GRAMMAR_LEN)]],
                       msgspec.Meta(max_length=MAX_CHOICES)] | None = None
     grammar: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_GRAMMAR_LEN)] | None = None
+    # The constraint holds from just after these tokens first appear in the output (a reasoning
+    # model's end of thinking, "</think>": the gateway's --reasoning-parser sets it); before them
+    # the output is free. None: from the first token.
+    after_token_ids: Annotated[list[TokenId], msgspec.Meta(min_length=1, max_length=MAX_STOP_TOKEN_IDS)] | None = None
 
     def __post_init__(self):
         kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]

@@ -31,6 +31,10 @@ A request rescheduled after a recompute preemption (or swapped back in) arrives 
 generated tokens: a fresh matcher replays them once its grammar is compiled. Rows are freed with
 the rest of the request (finished_ids, preempted_ids).
 
+A grammar with after_token_ids (the answer of a reasoning model) leaves its row free until the
+output holds those tokens (on_sampled watches the rows that wait, O(rows) only while one does);
+the matcher starts with the token after them (a recompute replays what followed them).
+
 A schema, regex or grammar that does not compile fails its request alone: the row gets no
 token and the step result names the reason (StepResult.request_errors); the scheduler answers
 invalid_params. Requests without constraints pay one dict emptiness check per step.
@@ -81,19 +85,46 @@ class StepGrammar:
 
 
 class _Row:
-    __slots__ = ("grammar", "replay", "matcher", "error", "terminated")
+    __slots__ = ("grammar", "replay", "matcher", "error", "terminated", "after", "tail")
 
-    def __init__(self, grammar: Future, replay: list[int]):
+    def __init__(self, grammar: Future, replay: list[int], after: list[int] | None = None):
         self.grammar, self.replay = grammar, replay  # replay: tokens generated before (re)scheduling
         self.matcher = None
         self.error: str | None = None
         self.terminated = False  # the matcher's is_terminated(), read when it accepts a stop token
+        # Until the output holds `after` (params.after_token_ids), the row is free: `tail` keeps
+        # its last len(after) tokens; then the grammar holds for what follows.
+        self.after: list[int] | None = None
+        self.tail: list[int] = []
+        if after:
+            self._wait_for(after)
+
+    @property
+    def waiting(self) -> bool:
+        return self.after is not None
+
+    def _wait_for(self, after: list[int]) -> None:
+        self.after, generated, self.replay = after, self.replay, []
+        self.saw(generated)
+
+    def saw(self, tokens: list[int]) -> bool:
+        """A waiting row's new tokens; True when they completed `after` (those after it, if any,
+        are the grammar's replay)."""
+        after, n = self.after, len(self.after)
+        for i, token in enumerate(tokens):
+            self.tail.append(token)
+            if self.tail[-n:] == after:
+                self.after, self.tail, self.replay = None, [], list(tokens[i + 1:])
+                return True
+        del self.tail[:-n]
+        return False
 
 
 class StructuredOutputs:
     def __init__(self, tokenizer_json: str | None, vocab_size: int, eos_token_ids: list[int]):
         self.tokenizer_json, self.vocab_size, self.eos_token_ids = tokenizer_json, vocab_size, eos_token_ids
         self.rows: dict[int, _Row] = {}
+        self._waiting: set[int] = set()  # rows whose grammar starts after after_token_ids, not yet seen
         self._pool: ThreadPoolExecutor | None = None  # compiles grammars
         self._mask_thread: ThreadPoolExecutor | None = None  # fills a step's bitmask
         self._compiler = None
@@ -118,17 +149,20 @@ class StructuredOutputs:
     def add(self, row: int, params: StructuredOutputsParams | None, token_ids: list[int], num_prompt: int) -> None:
         """token_ids: the request's prompt, then what it generated before (a recompute)."""
         if params is not None:
-            self.rows[row] = _Row(self._compiled(params), token_ids[num_prompt:])
+            state = self.rows[row] = _Row(self._compiled(params), token_ids[num_prompt:], params.after_token_ids)
+            if state.waiting:
+                self._waiting.add(row)
             self._version += 1
 
     def remove(self, rows: list[int]) -> None:
         if self.rows:
             for row in rows:
                 self.rows.pop(row, None)
+                self._waiting.discard(row)
             self._version += 1
 
     def _compiled(self, params: StructuredOutputsParams) -> Future:
-        key = msgspec.json.encode(params, order="sorted")
+        key = msgspec.json.encode(msgspec.structs.replace(params, after_token_ids=None), order="sorted")
         grammar = self._grammars.get(key)
         if grammar is None:
             if self._pool is None:
@@ -205,6 +239,8 @@ class StructuredOutputs:
         if constrained:
             errors, indices, matchers = {}, [], []
             for i, state in constrained:
+                if state.waiting:
+                    continue
                 if state.matcher is None and state.error is None:
                     self._start_matcher(state)
                 if state.error is not None:
@@ -251,6 +287,8 @@ class StructuredOutputs:
         accept_token call each (xgrammar's batch_accept_token took twice as long for 256
         matchers: its result list is converted element by element)."""
         step, self._step = self._step, None
+        if self._waiting and len(rows):
+            self._watch_for_the_start(rows, tokens)
         if step is None or not len(rows):  # nothing masked, or nothing sampled (a prefill chunk)
             return
         step_rows, indices, matchers = step
@@ -266,6 +304,15 @@ class StructuredOutputs:
             self._version += 1
         if later:
             self._to_accept = tuple(map(list, zip(*later)))
+
+
+    def _watch_for_the_start(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """Rows whose grammar waits for its start (after_token_ids) see their new token; one that
+        completed it is constrained from its next token on. O(rows) only while such a row exists."""
+        for i, row in enumerate(rows.tolist()):
+            if row in self._waiting and self.rows[row].saw([int(tokens[i])]):
+                self._waiting.discard(row)
+                self._version += 1
 
 
 def _accept(rows: list[int], matchers: list, tokens: list[int]) -> None:

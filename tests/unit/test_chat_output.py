@@ -78,15 +78,19 @@ def test_thinking_off_makes_everything_content():
 
 def test_a_named_choice_streams_its_id_and_name_first_then_the_arguments():
     choice = ToolChoice("named", TOOLS, name="get_time")
-    output = ChoiceOutput(HERMES_AND_QWEN3, choice)  # forced: no reasoning before the grammar's output
+    thinking_off = {"enable_thinking": False}  # else the grammar's output follows a think block
+    output = ChoiceOutput(HERMES_AND_QWEN3, choice, thinking_off)
     first, second = output.delta('{"zone": ', final=False), output.delta('"UTC"}', final=True)
     assert first["tool_calls"][0]["id"].startswith("chatcmpl-tool-") and first["tool_calls"][0]["type"] == "function"
     assert first["tool_calls"][0]["function"] == {"name": "get_time", "arguments": '{"zone": '}
     assert second["tool_calls"] == [{"index": 0, "function": {"arguments": '"UTC"}'}}]
     assert output.finish_reason("stop") == "stop"  # as vLLM reports a named choice
-    message = ChoiceOutput(HERMES_AND_QWEN3, choice).message('{"zone": "UTC"}')
+    message = ChoiceOutput(HERMES_AND_QWEN3, choice, thinking_off).message('{"zone": "UTC"}')
     assert message["content"] is None and message["tool_calls"][0]["function"]["arguments"] == '{"zone": "UTC"}'
-    assert "reasoning_content" not in message
+    assert message["reasoning_content"] is None
+    after_thinking = ChoiceOutput(HERMES_AND_QWEN3, choice).message('<think>UTC?</think>{"zone": "UTC"}')
+    assert after_thinking["reasoning_content"] == "UTC?"
+    assert after_thinking["tool_calls"][0]["function"]["arguments"] == '{"zone": "UTC"}'
 
 
 def test_required_parses_the_array_its_grammar_made():
