@@ -10,6 +10,7 @@ import threading
 from client_sdk import __version__
 from client_sdk.batch import DEFAULT_BATCH_WINDOW
 from client_sdk.sync_client import Client
+from gateway_svc.chat_parsing import add_chat_parsing_flags, chat_parsing_flags, chat_parsing_of
 from protocol import event_loop
 from protocol.client_messages import BATCH_PRIORITY
 from protocol.curve import generate_keys
@@ -74,6 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             gateway_args += [flag, str(value)]
     if args.api_server_count > 1:
         gateway_args.append("--reuse-port")
+    gateway_args += chat_parsing_flags(args)
 
     def start_gateways() -> str:
         """The first gateway on --port; the others on the port it bound (--port may be 0)."""
@@ -199,6 +201,7 @@ def _add_serve(sub) -> None:
                        help="the Batch API's state and files (default: under the user's data directory)")
     serve.add_argument("--frontend", default="tcp://127.0.0.1:*", help="the scheduler's SDK address")
     add_worker_address_flag(serve, "tcp://127.0.0.1:*")
+    add_chat_parsing_flags(serve)
     add_ray_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -252,6 +255,7 @@ def _add_run_batch(sub) -> None:
     run_batch.add_argument("--address", default=None,
                            help="a running scheduler's frontend; else start a local cluster")
     run_batch.add_argument("--served-model-name", default=None, help="the model's name in requests and responses")
+    add_chat_parsing_flags(run_batch)
     run_batch.set_defaults(func=cmd_run_batch)
 
 
@@ -285,7 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "tool_call_parser"):
+        try:
+            chat_parsing_of(args)  # flags that do not go together fail here, not in the gateway
+        except ValueError as e:
+            parser.error(str(e))
     try:
         return args.func(args)
     except MissingExtra as e:  # a client-only install asked to run a worker or a gateway
@@ -294,6 +304,17 @@ def main(argv=None) -> int:
     except ProcessExited as e:  # a process of the local cluster died: its own reason, no traceback
         print(f"stepserve: {e}", file=sys.stderr)
         return 1
+    except _model_unavailable() as e:  # a hub id that cannot be had here: its one line, no traceback
+        print(f"stepserve: {e}", file=sys.stderr)
+        return 1
+
+
+def _model_unavailable() -> type[Exception]:
+    """worker_svc.model_source's error. An except clause's class is looked up only when an
+    exception reaches it, so the client commands (`health`, `generate --address`) still import
+    no worker_svc."""
+    from worker_svc.model_source import ModelUnavailable
+    return ModelUnavailable
 
 
 if __name__ == "__main__":

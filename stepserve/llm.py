@@ -21,8 +21,10 @@ from stepserve.launcher import LocalCluster
 
 class LLM:
     """Starts a scheduler and data_parallel_size replicas of tensor_parallel_size worker
-    processes each for `model` (a preset name or a Hugging Face model folder), and serves
-    `generate` and `chat` from them until `close()` (or the end of a `with`). Unlike vLLM's,
+    processes each for `model` (a preset name, a Hugging Face model folder, or a hub id ORG/NAME
+    fetched into the hub's cache, in `download_dir` if given, at `revision`: docs/models.md; a
+    RuntimeError of one line if it cannot be had), and serves `generate` and `chat` from them
+    until `close()` (or the end of a `with`). Unlike vLLM's,
     data_parallel_size defaults to one replica per core for a small model on a CPU
     (default_replicas.py says why), else 1.
 
@@ -35,7 +37,7 @@ class LLM:
     taken from the same DIR). Its processes die with this one, however it ends.
     """
 
-    def __init__(self, model: str = "tiny-llama", *,
+    def __init__(self, model: str = "tiny-llama", *, revision: str | None = None, download_dir: str | None = None,
                  tensor_parallel_size: int = 1, data_parallel_size: int | None = None, dtype: str | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
@@ -48,7 +50,8 @@ class LLM:
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
                  curve_server_key: str | None = None, curve_secret_key: str | None = None):
         own_scheduler_args, own_worker_args = child_args(
-            dtype=dtype, load_format=load_format, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
+            revision=revision, download_dir=download_dir, dtype=dtype, load_format=load_format,
+            kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, swap_space_gb=swap_space, device=device,
             block_size=block_size, enforce_eager=enforce_eager, compile_cache_dir=compile_cache_dir,
             generation_config=generation_config,
@@ -105,12 +108,15 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, *, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} messages) or a list of them, rendered
-        with the model's chat template (or `chat_template`) and completed."""
+             chat_template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} messages, tool calls and `tool`
+        messages included) or a list of them, rendered with the model's chat template (or
+        `chat_template`) and completed. tools: OpenAI's function tools, for the template (as
+        vLLM's LLM.chat: the output is the model's text; to force a call, give a SamplingParams
+        whose structured_outputs is the function's parameters schema)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.client.apply_chat_template(c, chat_template=chat_template,
-                                                   add_generation_prompt=add_generation_prompt,
+                                                   add_generation_prompt=add_generation_prompt, tools=tools,
                                                    **(chat_template_kwargs or {})) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -40,7 +40,7 @@ def test_the_cli_runs_its_client_commands_without_the_server_extra():
     code = _WITHOUT_THE_SERVER_EXTRA + (
         "from stepserve.cli import main\n"
         "assert main(['health', '--address', 'tcp://127.0.0.1:9', '--timeout', '0.2']) == 1\n"
-        "assert not {m.split('.')[0] for m in sys.modules} & {'torch', 'gateway_svc', 'worker_svc'}\n")
+        "assert not {m.split('.')[0] for m in sys.modules} & {'torch', 'fastapi', 'worker_svc'}\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
