@@ -47,8 +47,6 @@ class ReasoningParser(ABC):
         self._chat_template_kwargs = chat_template_kwargs
         self._reasoning = self._starts_in_reasoning()
         self._held = ""  # the end of the text so far, held back: it may be the start of a tag
-        self._parsed = 0  # how much of the output lies before self._held
-        self._content_start: int | None = None if self._reasoning else 0
 
     def extract(self, text: str) -> tuple[str | None, str | None]:
         """A whole output -> (reasoning, content); None where a part is absent or empty, as
@@ -65,16 +63,8 @@ class ReasoningParser(ABC):
         """End of stream: anything held back (e.g. a partial "</thi" that never completed)."""
         return self._parse("", final=True)
 
-    def content_start(self, text: str) -> int | None:
-        """Where in the output `text` (the whole of it, or its beginning so far) content
-        begins; None if reasoning has not ended in it yet."""
-        parser = self._fresh()
-        parser._parse(text, final=False)
-        return parser._content_start
-
     def _fresh(self) -> "ReasoningParser":
-        """A parser in this one's initial state, so extract and content_start leave a stream's
-        state alone."""
+        """A parser in this one's initial state, so extract leaves a stream's state alone."""
         return type(self)(chat_template_kwargs=self._chat_template_kwargs)
 
     def _parse(self, text: str, final: bool) -> tuple[str, str]:
@@ -90,17 +80,10 @@ class ReasoningParser(ABC):
         while (found := _first_tag(text, self._tags())) is not None:
             pos, tag = found
             send(self._on_text(text[:pos]))
-            was_reasoning = self._reasoning
-            tag_parts = self._on_tag(tag)
-            send(tag_parts)
-            self._parsed += pos + len(tag)
-            if was_reasoning and not self._reasoning:
-                # A tag that ends reasoning and stays in the output (<tool_call>) starts content.
-                self._content_start = self._parsed - len(tag_parts[1])
+            send(self._on_tag(tag))
             text = text[pos + len(tag):]
         num_held = 0 if final else _partial_tag_length(text, self._tags())
         send(self._on_text(text[:len(text) - num_held]))
-        self._parsed += len(text) - num_held
         self._held = text[len(text) - num_held:]
         if final:
             send(self._on_end())

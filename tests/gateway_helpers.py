@@ -1,8 +1,18 @@
-"""Test tools for the HTTP gateway: curl, Prometheus text, server-sent events."""
+"""Test tools for the HTTP gateway: gateways on a started cluster, curl, Prometheus text,
+server-sent events."""
 import json
 import subprocess
 
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def start_gateways(cluster, *gateway_args: list[str]) -> list[str]:
+    """One gateway per argument list on a started LocalCluster, once a worker has joined; their URLs."""
+    from client_sdk import Client
+    urls = [cluster.start_gateway(args) for args in gateway_args]
+    with Client(cluster.address, timeout_s=60) as client:
+        cluster.wait_for_workers(client, 1)
+    return urls
 
 
 def curl(*args: str, timeout_s: float = 60) -> tuple[int, str]:

@@ -9,10 +9,9 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
-from client_sdk import Client
 from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import TEST_WORKER_ARGS, hf_greedy
-from tests.gateway_helpers import curl, metric_samples, post_json, sse_events
+from tests.gateway_helpers import curl, metric_samples, post_json, sse_events, start_gateways
 
 KEY = "sk-test-key"
 MODEL = "tiny-chat"
@@ -24,11 +23,8 @@ NUM_NEW = 5
 @pytest.fixture(scope="module")
 def cluster(chat_folder):
     with LocalCluster(chat_folder, 1, worker_args=TEST_WORKER_ARGS, scheduler_args=["--metrics-port", "0"]) as c:
-        c.start_gateway(["--served-model-name", MODEL])
-        c.keyed_url = c.start_gateway(["--api-key", KEY])
-        c.small_url = c.start_gateway(["--max-num-requests", "1"])
-        with Client(c.address, timeout_s=60) as client:
-            c.wait_for_workers(client, 1)
+        _, c.keyed_url, c.small_url = start_gateways(c, ["--served-model-name", MODEL], ["--api-key", KEY],
+                                                      ["--max-num-requests", "1"])
         yield c
 
 

@@ -11,11 +11,11 @@ import jsonschema
 import openai
 import pytest
 
-from client_sdk import Client
 from stepserve import LLM, SamplingParams
 from stepserve.launcher import LocalCluster
 from tests.chat_templates import LLAMA31_JSON, QWEN3
 from tests.e2e_helpers import TEST_WORKER_ARGS
+from tests.gateway_helpers import start_gateways
 from tests.hf_model_folders import make_llama_folder, make_qwen3_folder, write_chat_template
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
@@ -41,11 +41,9 @@ ROOM = {"max_position_embeddings": 4096}  # the tools' schemas in the prompt: ~2
 def _cluster(folder: str):
     cluster = LocalCluster(folder, 1, worker_args=TEST_WORKER_ARGS)
     cluster.start()
-    cluster.parsing_url = cluster.start_gateway(["--served-model-name", "m", "--enable-auto-tool-choice",
-                                                 "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"])
-    cluster.plain_url = cluster.start_gateway(["--served-model-name", "m"])
-    with Client(cluster.address, timeout_s=60) as client:
-        cluster.wait_for_workers(client, 1)
+    cluster.parsing_url, cluster.plain_url = start_gateways(
+        cluster, ["--served-model-name", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                  "--reasoning-parser", "qwen3"], ["--served-model-name", "m"])
     return cluster
 
 

@@ -156,19 +156,4 @@ def test_extract_leaves_a_streams_state_alone():
     parser = Qwen3ReasoningParser()
     assert parser.feed("r</think>") == ("r", "")
     assert parser.extract("abc") == ("abc", None)
-    assert parser.content_start("abc") is None
     assert parser.feed("c") == ("", "c")
-
-
-@pytest.mark.parametrize("name, kwargs, text, start", [
-    ("qwen3", None, "r</think>c", len("r</think>")),
-    ("qwen3", None, "<think>r</think>", len("<think>r</think>")),
-    ("qwen3", None, "r</thi", None),  # not yet
-    ("qwen3", None, "r", None),
-    ("qwen3", None, "r\n<tool_call>{}", len("r\n")),  # the tag is content
-    ("qwen3", NO_THINKING, "r</think>c", 0),
-    ("deepseek_r1", None, "\n<think>r</think>\n\nc", len("\n<think>r</think>")),
-    ("deepseek_r1", None, "<think>r", None),
-])
-def test_content_start_is_where_content_begins(name, kwargs, text, start):
-    assert REASONING_PARSERS[name](chat_template_kwargs=kwargs).content_start(text) == start
