@@ -83,7 +83,7 @@ async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, Cha
     check_depth(req.chat_template_kwargs, "chat_template_kwargs")
     check_depth(req.tools, "tools")
     tool_choice = tool_choice_of(req.tools, req.tool_choice, req.parallel_tool_calls,
-                                 upstream.chat_parsing.auto_tool_choice)
+                                 upstream.chat_parsing.enable_auto_tool_choice)
     if info.chat_template is None and req.chat_template is None:
         raise bad_request(f"the model {upstream.name_of(info)!r} has no chat template (no chat_template in its "
                           "tokenizer_config.json, no chat_template.jinja), so chat completions are not available; "

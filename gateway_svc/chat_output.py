@@ -60,8 +60,8 @@ class ChoiceOutput:
     def finish_reason(self, reason: str | None) -> str | None:
         """OpenAI's reason: "tool_calls" when calls ended the output, as vLLM reports it for
         "auto" and "required"."""
-        if reason in ("stop", "length") and self.called and self._tool_choice.mode in ("auto", "required"):
-            return "tool_calls" if reason == "stop" else reason
+        if reason == "stop" and self.called and self._tool_choice.mode in ("auto", "required"):
+            return "tool_calls"
         return reason
 
     def _after_reasoning(self, text: str, final: bool) -> tuple[str, list[dict]]:

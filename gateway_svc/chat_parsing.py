@@ -23,10 +23,6 @@ class ChatParsing:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
 
-    @property
-    def auto_tool_choice(self) -> bool:
-        return self.enable_auto_tool_choice and self.tool_call_parser is not None
-
 
 def add_chat_parsing_flags(p: argparse.ArgumentParser) -> None:
     """The flags of ChatParsing, for the gateway, `stepserve serve` and `stepserve run-batch`."""

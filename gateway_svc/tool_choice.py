@@ -95,9 +95,9 @@ def tool_choice_of(tools: list | None, tool_choice: Any, parallel_tool_calls: bo
 
 def _check_tools(tools: list | None) -> None:
     for tool in tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if (tool.get("type", "function") if isinstance(tool, dict) else None) != "function" \
-                or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        is_function = isinstance(tool, dict) and tool.get("type", "function") == "function"
+        function = tool.get("function") if is_function else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise bad_request('each tool must be {"type": "function", "function": {"name": ..., "parameters": '
                               '{...}}}', param="tools")
         if not isinstance(function.get("parameters", {}), (dict, type(None))):

@@ -14,6 +14,7 @@ is fetched here first (local_model), for all the workers of this host. With anno
 it says on stderr what it is doing: a worker compiling, then one line with the model, dtype,
 device and whether the step is compiled.
 """
+import functools
 import importlib.util
 import os
 import re
@@ -72,7 +73,7 @@ class LocalCluster:
         self.scheduler_args = list(scheduler_args)
         self.worker_args = list(worker_args)
         if data_parallel_size is None:
-            data_parallel_size = default_data_parallel_size(self.local_model(), worker_args, tensor_parallel_size)
+            data_parallel_size = default_data_parallel_size(self.local_model, worker_args, tensor_parallel_size)
         self.data_parallel_size = data_parallel_size
         self.tensor_parallel_size = tensor_parallel_size
         self.frontend = frontend
@@ -90,11 +91,12 @@ class LocalCluster:
         self._processes: list[subprocess.Popen] = []  # every one started, for the finalizer
         self._finalizer = weakref.finalize(self, stop_all, self._processes)
 
+    @functools.cached_property
     def local_model(self) -> str:
         """The preset or folder this host's workers load for the model: a hub id resolved here
         as each worker resolves it (with their --revision, --download-dir and --load-format),
         so that it is downloaded once, before any worker starts, and a model that cannot be had
-        fails at once with model_source.ModelUnavailable's one line."""
+        fails at once with model_source.ModelUnavailable's one line. Resolved once per cluster."""
         from worker_svc.model_source import resolve_model  # no torch; huggingface_hub for a hub id only
         args = self.worker_args
         return resolve_model(self.model, flag_value(args, "--revision"), flag_value(args, "--download-dir"),
@@ -156,7 +158,7 @@ class LocalCluster:
         start compiles the model's step: minutes on a small CPU)."""
         started = time.monotonic()
         try:
-            self.local_model()
+            self.local_model  # noqa: B018 - resolves (and fetches) the model before any worker starts
             self.start_scheduler(self.frontend, self.worker_address, timeout_s)
             for _ in range(self.data_parallel_size):
                 self.add_replica()
