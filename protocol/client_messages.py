@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUEST_ID_LEN, MAX_REQUESTS_PER_MESSAGE
+from protocol.pooling import PoolingInfo, PoolingParams
 from protocol.sampling import SamplingDefaults, SamplingParams, TokenId
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_LEN)]
@@ -34,6 +35,14 @@ class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_
     priority: int = 0
     # Stream: an output every step. Otherwise one output, when the request finishes.
     stream: bool = False
+    # Set: a pooling request (protocol/pooling.py); params are ignored (send max_tokens=1).
+    pooling: PoolingParams | None = None
+
+    def __post_init__(self):
+        token_type_ids = self.pooling.token_type_ids if self.pooling is not None else None
+        if token_type_ids is not None and len(token_type_ids) != len(self.prompt_token_ids):
+            raise ValueError(f"pooling.token_type_ids has {len(token_type_ids)} entries for a prompt of "
+                             f"{len(self.prompt_token_ids)} tokens (one per token)")
 
 
 def request_refusal(request_id: str, prompt_token_ids: Sequence[int]) -> str | None:
@@ -89,6 +98,9 @@ class RequestOutput(msgspec.Struct, array_like=True, gc=False):
     # SamplingParams.prompt_logprobs: prompt tokens 1..n-1 (the first has none), once, on the
     # request's first output that carries a token (its only output unless it streams).
     prompt_logprobs: list[TokenLogprobs] | None = None
+    # A pooling request's result, on its one output: float32 little-endian values
+    # (np.frombuffer(pooled, "<f4")): the embedding, or the classifier's per-label values.
+    pooled: bytes | None = None
 
 
 class RequestOutputs(Message, tag=True):
@@ -120,6 +132,7 @@ class ModelInfo(Message, tag=True):
     compiled: bool = False
     # The model's sampling defaults (generation_config.json) for fields a request leaves unset
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+    pooling: PoolingInfo | None = None  # a pooling model's facts; None: a generative model
 
 
 class ReplicaHealth(msgspec.Struct, array_like=True):

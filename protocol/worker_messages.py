@@ -10,6 +10,7 @@ import msgspec
 from protocol.client_messages import TokenLogprobs
 from protocol.limits import (MAX_BLOCKS, MAX_MODEL_LEN, MAX_NAME_LEN, MAX_STATE_SLOTS, MAX_TENSOR_PARALLEL_SIZE,
                              MAX_VOCAB_SIZE)
+from protocol.pooling import PoolingInfo, PoolingParams
 from protocol.sampling import SamplingDefaults, SamplingParams
 
 BlockId = Annotated[int, msgspec.Meta(ge=0)]
@@ -52,6 +53,7 @@ class WorkerHello(Message, tag=True):
     compiled: bool = False  # the model's step runs compiled (torch.compile), not op by op
     # generation_config.json's sampling defaults, relayed to clients in ModelInfo
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+    pooling: PoolingInfo | None = None  # a pooling model (an embedder, a classifier); None: generative
 
 
 class StepResult(Message, tag=True):
@@ -71,6 +73,9 @@ class StepResult(Message, tag=True):
     # plan's order -> (index in the prompt of the first token scored, one entry per token).
     prompt_logprobs: dict[int, tuple[int, list[TokenLogprobs]]] = {}
     busy_s: float = 0.0  # the worker's time executing the plan (inputs, forward, sampling)
+    # Pooling requests' results: index in the plan's order -> float32 little-endian values
+    # (their sampled_token_ids entry is -1).
+    pooled: dict[int, bytes] = {}
 
 
 class Heartbeat(Message, tag=True):
@@ -99,6 +104,7 @@ class NewRequestData(msgspec.Struct, array_like=True, gc=False, forbid_unknown_f
     block_ids: list[BlockId]
     num_computed_tokens: int
     num_new_tokens: int
+    pooling: PoolingParams | None = None  # a pooling request: its whole prompt runs in this step
 
 
 class RunningRequestData(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):

@@ -105,6 +105,10 @@ def test_out_of_range_params_are_rejected(overrides):
     ["r", [], {}, 0, False],  # empty prompt
     ["", [1], {}, 0, False],  # empty request id
     ["r" * 257, [1], {}, 0, False],  # request id too long
+    ["r", [1, 2], {}, 0, False, {"token_type_ids": [0]}],  # a segment id per prompt token
+    ["r", [1], {}, 0, False, {"token_type_ids": [-1]}],
+    ["r", [1], {}, 0, False, {"task": "generate"}],
+    ["r", [1], {}, 0, False, {"dimensions": 0}],
 ])
 def test_bad_generate_requests_are_rejected(request_fields):
     frame = bytes([PROTOCOL_VERSION]) + msgspec.msgpack.encode({"type": "Generate", "requests": [request_fields]})

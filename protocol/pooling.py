@@ -1,0 +1,42 @@
+"""Pooling: requests that end after their prompt's one step with a vector, not tokens.
+
+A pooling model (an embedder or a classifier) says what it is in its hello (PoolingInfo), relayed
+to clients in ModelInfo. A request with GenerateRequest.pooling set is a pooling request: its
+prompt runs whole in one step and its output carries RequestOutput.pooled.
+"""
+from typing import Annotated, Literal
+
+import msgspec
+
+from protocol.limits import MAX_NAME_LEN, MAX_PROMPT_TOKENS
+
+PoolingTask = Literal["embed", "classify"]
+
+
+class PoolingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    """vLLM's PoolingParams for one request.
+
+    dimensions: Matryoshka, the first N values of the embedding (then normalised if normalize).
+    normalize: L2-normalise the embedding; None takes the model's default (PoolingInfo.normalize).
+    activation: classify: softmax over the labels (sigmoid when there is one label); False: logits.
+    token_type_ids: segment ids of a BERT pair (a cross-encoder), one per prompt token; None: zeros.
+    """
+
+    task: PoolingTask = "embed"
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    normalize: bool | None = None
+    activation: bool = True
+    token_type_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
+                              msgspec.Meta(max_length=MAX_PROMPT_TOKENS)] | None = None
+
+
+class PoolingInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What a pooling model is: in WorkerHello and ModelInfo (None there: a generative model)."""
+
+    task: PoolingTask
+    size: Annotated[int, msgspec.Meta(ge=1)]  # embedding width, or the number of labels
+    normalize: bool  # the default of PoolingParams.normalize
+    labels: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_NAME_LEN)]],
+                      msgspec.Meta(max_length=1 << 20)] = []  # classify: id2label in order
+    pooling_type: Annotated[str, msgspec.Meta(max_length=MAX_NAME_LEN)] = ""  # "CLS", "MEAN", "LAST"
+    bidirectional: bool = False
