@@ -25,6 +25,7 @@ import numpy as np
 
 from client_sdk.client import AsyncClient
 from protocol.sampling import SamplingParams
+from stepserve.bench.model_flops import limit_requests_per_second, model_config
 from stepserve.cluster_args import service_address
 
 
@@ -39,6 +40,9 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="the prompts' random seed; with --temperature > 0 also each request's sampling seed (+ index)")
     add_sampling_args(p)
+    p.add_argument("--gemm-limit", default=None, metavar="PATH",
+                   help="benchmarks/matmul_limit.py's JSON for this model: adds gemm_fraction, the requests/s "
+                        "reached over those its measured GEMM rates allow")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -142,6 +146,14 @@ async def sample_step_timing(client: AsyncClient, batch: asyncio.Future) -> tupl
     return statistics.median(s[1] for s in full), statistics.median(s[2] for s in full)
 
 
+def gemm_fraction(result: dict, args: argparse.Namespace) -> float:
+    with open(args.gemm_limit) as f:
+        rates = json.load(f)
+    limit = limit_requests_per_second(model_config(args.model), rates, args.input_len + args.prefix_len,
+                                      args.output_len)
+    return result["requests_per_second"] / limit
+
+
 async def run_throughput(args: argparse.Namespace) -> int:
     with service_address(args) as address:
         client = AsyncClient(address)
@@ -149,6 +161,8 @@ async def run_throughput(args: argparse.Namespace) -> int:
             result = await measure(client, args)
         finally:
             await client.close()
+    if args.gemm_limit:
+        result["gemm_fraction"] = round(gemm_fraction(result, args), 3)
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
     print(f"Throughput: {result['requests_per_second']:.2f} requests/s, {result['tokens_per_second']:.2f} total "
           f"tokens/s, {result['output_tokens_per_second']:.2f} output tokens/s", flush=True)

@@ -1,0 +1,93 @@
+"""The machine's GEMM rate at a model's own shapes, the limit a throughput figure is held against:
+
+    python -m benchmarks.matmul_limit --model qwen3-0.6b --dtype bfloat16 --out /tmp/limit.json
+    stepserve bench throughput --model qwen3-0.6b --gemm-limit /tmp/limit.json --json
+
+It runs a step's linear layers as the model holds them (every decoder layer's own weights, so
+they stream from memory as in a real step rather than sitting in cache) with torch's F.linear on
+all cores: at --decode-batch rows (a decode step), at --prefill-tokens rows (a prefill step), and
+the head at --decode-batch rows (one per sequence). Each rate is the median of --repeats timed
+passes after two untimed ones, in TFLOP/s. The JSON also gives, for --input-len / --output-len,
+the requests/s that these rates allow (stepserve/bench/model_flops.py's count), and the CPU.
+
+`bench throughput --gemm-limit FILE` divides its requests/s by the same count at its own
+lengths: `gemm_fraction`. Prompt tokens are held to the prefill rate, generated ones to the
+decode rate, sampled rows to the head's.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.cpu_info import cpu_summary
+from stepserve.bench.model_flops import Gemm, head_gemm, layer_gemms, limit_requests_per_second, model_config
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def time_gemms(gemms: list[Gemm], tokens: int, dtype: torch.dtype, repeats: int) -> float:
+    """TFLOP/s of one pass through `gemms` (each `count` times, each with its own weight) at `tokens` rows."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [[torch.randn(g.out_features, g.in_features, generator=generator).to(dtype) for _ in range(g.count)]
+               for g in gemms]
+    inputs = {g.in_features: torch.randn(tokens, g.in_features, generator=generator).to(dtype) for g in gemms}
+
+    def one_pass() -> float:
+        start = time.perf_counter()
+        for layer in range(max(g.count for g in gemms)):
+            for g, ws in zip(gemms, weights):
+                if layer < g.count:
+                    F.linear(inputs[g.in_features], ws[layer])
+        return time.perf_counter() - start
+
+    with torch.inference_mode():
+        for _ in range(2):
+            one_pass()
+        seconds = statistics.median(one_pass() for _ in range(repeats))
+    return sum(g.flops(tokens) for g in gemms) / seconds / 1e12
+
+
+def measure(model: str, dtype_name: str, decode_batch: int, prefill_tokens: int, repeats: int) -> dict:
+    config = model_config(model)
+    dtype = DTYPES[dtype_name]
+    layers = layer_gemms(config)
+    per_gemm = {g.name: round(time_gemms([g], decode_batch, dtype, repeats), 3) for g in layers}
+    return {
+        "model": model, "dtype": dtype_name, "threads": torch.get_num_threads(), "cpu": cpu_summary(),
+        "decode_batch": decode_batch, "prefill_tokens": prefill_tokens,
+        "decode_tflops": round(time_gemms(layers, decode_batch, dtype, repeats), 3),
+        "prefill_tflops": round(time_gemms(layers, prefill_tokens, dtype, repeats), 3),
+        "head_tflops": round(time_gemms([head_gemm(config)], decode_batch, dtype, repeats), 3),
+        "decode_tflops_by_gemm": per_gemm,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.matmul_limit", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="preset name or Hugging Face folder")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--decode-batch", type=int, default=256)
+    p.add_argument("--prefill-tokens", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--input-len", type=int, default=16, help="for limit_requests_per_second")
+    p.add_argument("--output-len", type=int, default=16, help="for limit_requests_per_second")
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args(argv)
+    result = measure(args.model, args.dtype, args.decode_batch, args.prefill_tokens, args.repeats)
+    result["input_len"], result["output_len"] = args.input_len, args.output_len
+    result["limit_requests_per_second"] = round(
+        limit_requests_per_second(model_config(args.model), result, args.input_len, args.output_len), 2)
+    text = json.dumps(result)
+    print(text, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""stepserve/bench/model_flops.py counts a model's matrix work from its config; transformers'
+own module of the same config is the reference: its decoder layers' linear weights, and its head."""
+import pytest
+import torch
+
+from benchmarks.hf_generate import build_hf_model
+from stepserve.bench.model_flops import head_gemm, layer_gemms, limit_requests_per_second, model_config, request_flops
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-opt"])
+def test_gemms_are_the_linear_layers_transformers_builds(preset):
+    config = model_config(preset)
+    model = build_hf_model(preset, torch.float32)
+    decoder_layers = model.model.decoder.layers if config["model_type"] == "opt" else model.model.layers
+    linear_macs = sum(m.in_features * m.out_features for m in decoder_layers.modules()
+                      if isinstance(m, torch.nn.Linear))
+    assert sum(g.in_features * g.out_features * g.count for g in layer_gemms(config)) == linear_macs
+    head = model.get_output_embeddings()
+    assert head_gemm(config).in_features * head_gemm(config).out_features == head.weight.numel()
+
+
+def test_qwen3_0_6b_request_at_16_in_16_out():
+    """The figures issue 33 was filed with: about 28 GFLOP outside the head and 5 in it."""
+    config = model_config("qwen3-0.6b")
+    head = head_gemm(config).flops(16)
+    assert round(head / 1e9, 1) == 5.0
+    assert round((request_flops(config, 16, 16) - head) / 1e9) == 27
+
+
+def test_limit_is_the_time_each_part_takes_at_its_rate():
+    config = model_config("tiny-llama")
+    same = {"prefill_tflops": 1.0, "decode_tflops": 1.0, "head_tflops": 1.0}
+    assert limit_requests_per_second(config, same, 16, 16) == pytest.approx(1e12 / request_flops(config, 16, 16))
+    slow_head = {**same, "head_tflops": 0.5}
+    assert limit_requests_per_second(config, slow_head, 16, 16) < limit_requests_per_second(config, same, 16, 16)
