@@ -22,6 +22,10 @@ class ForwardContext:
     # [T] int64: each token's rope length, for rotary types that depend on a sequence length
     # (models/rotary.py); None for the others
     rope_lengths: object | None = None
+    # Encoder models (models/bert.py): the step's sequences (encoder_attention.EncoderMetadata),
+    # and each token's segment id, [T] int64 (None: all zeros)
+    encoder_metadata: object | None = None
+    token_type_ids: object | None = None
 
 
 # A context variable, not a global: each thread sees its own (the ranks of an in-process

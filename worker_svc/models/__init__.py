@@ -18,6 +18,13 @@ _ARCHITECTURES = {
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),
+    # Encoders (pooling models: embedders and cross-encoders)
+    "BertModel": ("worker_svc.models.bert", "BertModel"),
+    "RobertaModel": ("worker_svc.models.bert", "BertModel"),
+    "XLMRobertaModel": ("worker_svc.models.bert", "BertModel"),
+    "BertForSequenceClassification": ("worker_svc.models.bert", "BertForSequenceClassification"),
+    "RobertaForSequenceClassification": ("worker_svc.models.bert", "BertForSequenceClassification"),
+    "XLMRobertaForSequenceClassification": ("worker_svc.models.bert", "BertForSequenceClassification"),
 }
 
 

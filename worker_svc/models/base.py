@@ -1,7 +1,8 @@
 """What every model offers the runner, and what memory it asks the runner to hold for it.
 
 A model is built from a Hugging Face config.json dict (no transformers import at run time),
-and every model class derives from CausalLM (below), which gives it the head and the loading:
+and every generative model class derives from CausalLM (below), which gives it the head and the
+loading (HFModel, which the encoders of models/bert.py derive from too):
 
     model = ModelClass(config: dict, dtype: torch.dtype, tp: TensorParallel)
     model.cache_spec() -> CacheSpec
@@ -26,16 +27,34 @@ from worker_svc.kv_cache import CacheSpec
 from worker_svc.models.layers import load_hf_weights
 
 
-class CausalLM(nn.Module):
-    """What every model class shares: the head (tied to the input embedding, or its own
-    lm_head) and Hugging Face weight loading through the one loader, told by class attributes
-    how the checkpoint's names differ from ours. A subclass sets tie_word_embeddings."""
+class HFModel(nn.Module):
+    """What every model class shares: Hugging Face weight loading through the one loader, told
+    by class attributes how the checkpoint's names differ from ours."""
 
     supports_tensor_parallel = False  # True: built from the tensor-parallel layers
     supports_compile = False  # True: the runner may torch.compile its forward
-    input_embedding = "embed_tokens"  # the attribute whose weight a tied head shares
     hf_prefixes: tuple[str, ...] = ("model.",)  # stripped from checkpoint names
     hf_skip: tuple[str, ...] = ()  # checkpoint names (substrings) that hold no parameter
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_hf_weights(self, weights, self.hf_prefixes, self.hf_skip, rename=self.hf_name,
+                        load_special=self.load_special_weight)
+
+    def hf_name(self, name: str) -> str:
+        """A checkpoint name (prefix stripped) -> ours, where they differ otherwise."""
+        return name
+
+    def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
+        """A tensor in a layout of the model's own: loads it and returns the name it covered
+        (see load_hf_weights), or None if it is not one."""
+        return None
+
+
+class CausalLM(HFModel):
+    """A generative model: the head (tied to the input embedding, or its own lm_head) and its
+    KV cache. A subclass sets tie_word_embeddings."""
+
+    input_embedding = "embed_tokens"  # the attribute whose weight a tied head shares
     tie_word_embeddings: bool
     # Logits become c * tanh(logits / c) (Gemma 2). The compiled greedy head (greedy_head.py)
     # takes the argmax of the uncapped logits: the cap is monotonic, so the argmax is the same.
@@ -65,10 +84,6 @@ class CausalLM(nn.Module):
         skip = self.hf_skip + (("lm_head.",) if self.tie_word_embeddings else ())
         load_hf_weights(self, weights, self.hf_prefixes, skip, rename=self.hf_name,
                         load_special=self.load_special_weight)
-
-    def hf_name(self, name: str) -> str:
-        """A checkpoint name (prefix stripped) -> ours, where they differ otherwise."""
-        return name
 
     def load_special_weight(self, name: str, tensor: torch.Tensor) -> str | None:
         """A tensor in a layout of the model's own: loads it and returns the name it covered
