@@ -1,6 +1,8 @@
 """Scheduler configuration and the worker capacity it schedules against."""
 from dataclasses import dataclass
 
+from protocol.pooling import PoolingInfo
+
 # The one list of each: the scheduler's flags and stepserve's cluster flags offer these.
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -51,6 +53,7 @@ class WorkerCapacity:
     max_model_len: int = 2048
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int | None = None  # prompt token ids must be below it; None: not checked
+    pooling: PoolingInfo | None = None  # a pooling model: it serves pooling requests only; None: generative
 
     def __post_init__(self):
         if self.num_gpu_blocks < 1:
@@ -69,4 +72,4 @@ class WorkerCapacity:
         return cls(num_gpu_blocks=hello.num_gpu_blocks, block_size=hello.block_size,
                    num_cpu_blocks=hello.num_cpu_blocks, num_state_slots=hello.num_state_slots,
                    max_model_len=hello.max_model_len, eos_token_ids=tuple(hello.eos_token_ids),
-                   vocab_size=hello.vocab_size)
+                   vocab_size=hello.vocab_size, pooling=hello.pooling)

@@ -36,7 +36,8 @@ class LiveRequests:
             if refusal is not None:
                 self.outputs.add(client, error_output(g.request_id, len(g.prompt_token_ids), *refusal))
                 continue
-            request = Request(g.request_id, g.prompt_token_ids, g.params, g.priority, client=client, stream=g.stream)
+            request = Request(g.request_id, g.prompt_token_ids, g.params, g.priority, client=client, stream=g.stream,
+                              pooling=g.pooling)
             book.add(request)
             self.pending.push(request)
             if self._metrics is not None:

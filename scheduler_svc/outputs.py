@@ -7,15 +7,18 @@ from scheduler_svc.request import Request
 
 def output_for(request: Request, new_token_ids: list[int], new_logprobs, finish_reason) -> RequestOutput | None:
     """A streaming request gets every delta; any other only its whole output when it finishes.
-    Prompt logprobs go with the first output that carries a token (the prompt is scored by then)."""
+    Prompt logprobs go with the first output that carries a token (the prompt is scored by then);
+    a pooling request's values with its one output, when it finishes."""
     if request.stream:
         first = request.prompt_logprobs is not None and len(new_token_ids) == len(request.output_token_ids) > 0
         return RequestOutput(request.request_id, new_token_ids, request.num_prompt_tokens,
-                             finish_reason, new_logprobs, prompt_logprobs=request.prompt_logprobs if first else None)
+                             finish_reason, new_logprobs, prompt_logprobs=request.prompt_logprobs if first else None,
+                             pooled=request.pooled)
     if finish_reason is None:
         return None
     return RequestOutput(request.request_id, list(request.output_token_ids), request.num_prompt_tokens,
-                         finish_reason, request.output_logprobs, prompt_logprobs=request.prompt_logprobs)
+                         finish_reason, request.output_logprobs, prompt_logprobs=request.prompt_logprobs,
+                         pooled=request.pooled)
 
 
 def error_output(request_id: str, num_prompt_tokens: int, code: str, message: str) -> RequestOutput:

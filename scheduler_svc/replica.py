@@ -28,7 +28,10 @@ class Replica:
         if config.preemption_mode != "swap":  # the worker's CPU blocks go unused: no swap space
             capacity = dataclasses.replace(capacity, num_cpu_blocks=0)
         self.core = Scheduler(config, capacity)
-        if config.enable_prefix_caching and not self.core.enable_prefix_caching:
+        if config.enable_prefix_caching and hello.pooling is not None:
+            logger.info("replica %s: prefix caching off: %s is a pooling model (%s), whose requests keep no KV",
+                        name, hello.model, hello.pooling.task)
+        elif config.enable_prefix_caching and not self.core.enable_prefix_caching:
             logger.info("replica %s: prefix caching off: %s keeps per-request state (%d state slots) "
                         "that a cached prefix cannot restore", name, hello.model, hello.num_state_slots)
         self.alive = True

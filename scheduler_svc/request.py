@@ -6,6 +6,7 @@ reference back to the scheduler (no cycles, so refcounting frees them without th
 import enum
 import itertools
 
+from protocol.pooling import PoolingParams
 from protocol.sampling import SamplingParams
 
 
@@ -33,10 +34,11 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "client", "stream",
                  "output_token_ids", "output_logprobs", "num_computed_tokens", "status",
                  "block_ids", "num_blocks_sent", "arrival", "block_hashes",
-                 "num_cached_blocks", "num_inflight_tokens", "num_output_placeholders", "prompt_logprobs")
+                 "num_cached_blocks", "num_inflight_tokens", "num_output_placeholders", "prompt_logprobs",
+                 "pooling", "pooled")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 priority: int = 0, client=None, stream: bool = False):
+                 priority: int = 0, client=None, stream: bool = False, pooling: PoolingParams | None = None):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -67,6 +69,10 @@ class Request:
         # and how many of those plans will sample a token for it (not yet known).
         self.num_inflight_tokens = 0
         self.num_output_placeholders = 0
+        # A pooling request: its whole prompt runs in one step, which ends it with `pooled` (the
+        # worker's float32 values) instead of a token.
+        self.pooling = pooling
+        self.pooled: bytes | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

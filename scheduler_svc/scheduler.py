@@ -24,6 +24,11 @@ cannot be scheduled again before: preemption admits nothing in its plan (but req
 urgent than every one it preempted, for whom priority preemption made room), and the plan after
 is made once the step was applied. Hence two plans, never more.
 
+Pooling requests (an embedder's, a classifier's) run their whole prompt in one step and end
+when it is applied, with the worker's pooled values instead of a token; their model serves
+nothing else, and its core neither caches prefixes nor swaps (validation.py keeps such a prompt
+within one step's budget).
+
 schedule(), update() and the ends of a request change one state (the queues, the block
 manager, the steps in flight) whose invariants hold together (check_integrity), so they share
 this class; the parts that stand alone have their own modules (step_batch, block_manager,
@@ -52,7 +57,10 @@ class Scheduler:
         self.config = config
         self.capacity = capacity
         # A state model's request cannot start mid-prompt without the Mamba state at that point.
-        self.enable_prefix_caching = config.enable_prefix_caching and capacity.num_state_slots == 0
+        # A pooling model's requests (its only ones: validation.check_kind) run whole in one step
+        # and keep nothing after it, so there is no prefix to share, nor KV worth swapping.
+        self.enable_prefix_caching = (config.enable_prefix_caching and capacity.num_state_slots == 0
+                                      and capacity.pooling is None)
         self.block_manager = BlockManager(capacity.num_gpu_blocks, capacity.num_cpu_blocks,
                                           capacity.block_size, self.enable_prefix_caching)
         # Longest a request may grow: the model's limit, what the whole pool holds (so one
@@ -68,7 +76,7 @@ class Scheduler:
             self.max_num_running = min(self.max_num_running, capacity.num_state_slots)
         # Mamba state cannot be swapped (the worker has no CPU copy of it): always recompute.
         self.use_swap = (config.preemption_mode == "swap" and capacity.num_cpu_blocks > 0
-                         and capacity.num_state_slots == 0)
+                         and capacity.num_state_slots == 0 and capacity.pooling is None)
         self._eos_token_ids = frozenset(capacity.eos_token_ids)
         self._requests: dict[str, Request] = {}  # every live request, for O(1) abort
         self._waiting = make_waiting_queue(config.policy)
@@ -85,7 +93,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise RequestRejected(ErrorCode.DUPLICATE_ID, f"request id {request.request_id!r} is live")
-        check_request(request, self.capacity, self.max_len)
+        check_request(request, self.capacity, self.max_len, self.config.max_num_batched_tokens)
         assert request.status == WAITING and not request.block_ids, f"{request} is not new"
         self._requests[request.request_id] = request
         self._waiting.push(request)
@@ -192,9 +200,9 @@ class Scheduler:
         i = 0
         while i < end and batch.token_budget > 0:
             request = running[i]
-            if request.num_output_placeholders and reaches_length(
-                    request, len(request.output_token_ids) + request.num_output_placeholders, self.max_len):
-                i += 1  # its awaited token is its last: nothing more to compute for it
+            if request.num_output_placeholders and (request.pooling is not None or reaches_length(
+                    request, len(request.output_token_ids) + request.num_output_placeholders, self.max_len)):
+                i += 1  # its awaited token (or pooled result) is its last: nothing more to compute for it
                 continue
             start = request.num_computed_tokens + request.num_inflight_tokens
             num_new = min(request.num_tokens + request.num_output_placeholders - start, batch.token_budget)
@@ -293,7 +301,8 @@ class Scheduler:
         num_new = request.num_tokens - num_computed
         if num_new <= batch.token_budget:
             return num_new
-        return batch.token_budget if self.config.enable_chunked_prefill else 0
+        # A pooling request is never chunked (validation.py keeps it within one step's budget).
+        return batch.token_budget if self.config.enable_chunked_prefill and request.pooling is None else 0
 
     def _start(self, request: Request, num_new: int, batch: StepBatch) -> None:
         """Send a request the worker holds no state for: all its tokens and blocks, once."""
@@ -301,7 +310,7 @@ class Scheduler:
         request.status = RUNNING
         batch.add_new(request, NewRequestData(
             request.request_id, request.all_token_ids, request.num_prompt_tokens,
-            request.params, list(request.block_ids), request.num_computed_tokens, num_new))
+            request.params, list(request.block_ids), request.num_computed_tokens, num_new, request.pooling))
         request.num_blocks_sent = len(request.block_ids)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[RequestUpdate]:
@@ -338,12 +347,12 @@ class Scheduler:
                 cache_computed_blocks(request)
             if not samples:
                 continue  # a prefill chunk short of the end: no token (the worker sent -1)
+            if request.pooling is not None:
+                updates.append(self._finish_pooling(request, result, i))
+                continue
             token_id = sampled[i]
             if token_id < 0:
-                update = self._finish(request, "error")
-                if i in result.request_errors:  # the worker refused this request alone: its parameters
-                    update.error = (ErrorCode.INVALID_PARAMS, result.request_errors[i])
-                updates.append(update)
+                updates.append(self._fail(request, result, i))
                 continue
             request.output_token_ids.append(token_id)
             new_logprobs = None
@@ -356,6 +365,21 @@ class Scheduler:
             else:
                 updates.append(self._finish(request, finish_reason, [token_id], new_logprobs))
         return updates
+
+    def _finish_pooling(self, request: Request, result: StepResult, index: int) -> RequestUpdate:
+        """A pooling request's one step was applied: it ends with its pooled values (whether or
+        not it was preempted meanwhile: the step computed its whole prompt)."""
+        request.pooled = result.pooled.get(index)
+        if request.pooled is None:
+            return self._fail(request, result, index)
+        return self._finish(request, "stop")
+
+    def _fail(self, request: Request, result: StepResult, index: int) -> RequestUpdate:
+        """The worker gave the request no result in a step that ran."""
+        update = self._finish(request, "error")
+        if index in result.request_errors:  # the worker refused this request alone: its parameters
+            update.error = (ErrorCode.INVALID_PARAMS, result.request_errors[index])
+        return update
 
     # ---- state -----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ def model_info(hello: WorkerHello | None, num_replicas: int, max_queued_requests
                      num_replicas=num_replicas, chat_template=hello.chat_template,
                      special_tokens=hello.special_tokens, max_queued_requests=max_queued_requests,
                      instance_id=instance_id, dtype=hello.dtype, device=hello.device, compiled=hello.compiled,
-                     sampling_defaults=hello.sampling_defaults)
+                     sampling_defaults=hello.sampling_defaults, pooling=hello.pooling)
 
 
 def health(replicas: list[Replica], num_pending: int, num_finished: int) -> Health:

@@ -11,11 +11,17 @@ context it reads (cached prefix, swapped-in blocks, earlier chunks) holds its ow
 that it writes only into blocks no other request holds: a block handed out with the wrong
 contents, or freed while another request still reads it, fails at once.
 
+It answers a pooling request (NewRequestData.pooling) as a pooling model does: its whole prompt in
+one step, -1 as its token and pooled_values(prompt) as its result; it asserts one is never
+chunked nor scheduled again.
+
 Beside it, the small builders the core's tests share: make_scheduler, make_request, step.
 """
 import random
+import struct
 from collections import defaultdict
 
+from protocol.pooling import PoolingInfo, PoolingParams
 from protocol.sampling import SamplingParams
 from protocol.worker_messages import StepPlan, StepResult
 from scheduler_svc.config import SchedulerConfig, WorkerCapacity
@@ -47,6 +53,7 @@ class FakeWorker:
         self.cpu_kv: dict[int, list] = {}
         self.holders: dict[int, set[str]] = defaultdict(set)  # device block -> requests holding it
         self.num_cached_tokens_read = 0  # context tokens a new request found already computed
+        self.pooling_ids: set[str] = set()  # pooling requests it computed: never scheduled again
 
     def run(self, plan: StepPlan) -> StepResult:
         for request_id in plan.finished_ids:
@@ -62,7 +69,7 @@ class FakeWorker:
         self._move(self.kv, self.cpu_kv, plan.blocks_to_swap_out)
         self._move(self.cpu_kv, self.kv, plan.blocks_to_swap_in)
         self._move(self.kv, self.kv, plan.blocks_to_copy)
-        sampled = []
+        sampled, pooled = [], {}
         for data in plan.new_requests:
             assert data.request_id not in self.requests, f"{data.request_id} sent as new twice"
             request = WorkerRequest(data.token_ids, data.num_computed_tokens, data.block_ids)
@@ -70,13 +77,21 @@ class FakeWorker:
             self._hold(data.request_id, data.block_ids)
             if data.num_computed_tokens and not plan.blocks_to_swap_in:
                 self.num_cached_tokens_read += data.num_computed_tokens
+            if data.pooling is not None:
+                assert data.num_computed_tokens == 0 and data.num_new_tokens == len(data.token_ids), \
+                    f"pooling request {data.request_id} is not computed whole in one step"
+                self.pooling_ids.add(data.request_id)
+                pooled[len(sampled)] = pooled_values(data.token_ids)
+                sampled.append(-1)
+                continue
             sampled.append(self._compute(data.request_id, request, data.num_new_tokens))
         for data in plan.running_requests:
+            assert data.request_id not in self.pooling_ids, f"pooling request {data.request_id} scheduled twice"
             request = self.requests[data.request_id]
             request.block_ids += data.new_block_ids
             self._hold(data.request_id, data.new_block_ids)
             sampled.append(self._compute(data.request_id, request, data.num_new_tokens))
-        return StepResult(step_id=plan.step_id, sampled_token_ids=sampled)
+        return StepResult(step_id=plan.step_id, sampled_token_ids=sampled, pooled=pooled)
 
     def _forget(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
@@ -139,17 +154,26 @@ def run_until_idle(scheduler, worker: FakeWorker, max_steps: int = 10_000) -> li
 EOS = 2  # the eos token id of make_scheduler's capacity
 
 
+def pooled_values(token_ids: list[int]) -> bytes:
+    """The fake worker's pooled result: float32 values that are a function of the prompt."""
+    return struct.pack("<2f", len(token_ids), sum(token_ids))
+
+
+EMBED_MODEL = PoolingInfo(task="embed", size=2, normalize=True, pooling_type="CLS", bidirectional=True)
+
+
 def make_scheduler(num_gpu_blocks=64, block_size=4, num_cpu_blocks=0, num_state_slots=0,
-                   max_model_len=256, **config):
+                   max_model_len=256, pooling: PoolingInfo | None = None, **config):
     return Scheduler(SchedulerConfig(**config),
                      WorkerCapacity(num_gpu_blocks=num_gpu_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                                     num_state_slots=num_state_slots, max_model_len=max_model_len,
-                                    eos_token_ids=(EOS,)))
+                                    eos_token_ids=(EOS,), pooling=pooling))
 
 
-def make_request(request_id="r", prompt_len=4, priority=0, **params):
+def make_request(request_id="r", prompt_len=4, priority=0, pooling: PoolingParams | None = None, **params):
     params.setdefault("max_tokens", 8)
-    return Request(request_id, list(range(100, 100 + prompt_len)), SamplingParams(**params), priority=priority)
+    return Request(request_id, list(range(100, 100 + prompt_len)), SamplingParams(**params), priority=priority,
+                   pooling=pooling)
 
 
 def step(scheduler, worker):
