@@ -6,7 +6,11 @@ from importlib.metadata import PackageNotFoundError, version
 from client_sdk.client import AsyncClient
 from client_sdk.errors import AuthenticationError, ChatTemplateError, RequestError, ServiceError
 from client_sdk.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
+from client_sdk.pooling_outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput,
+                                        EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput, ScoringOutput,
+                                        ScoringRequestOutput)
 from client_sdk.sync_client import Client
+from protocol.pooling import PoolingInfo, PoolingParams
 from protocol.sampling import SamplingParams, StructuredOutputsParams
 
 try:
@@ -16,4 +20,6 @@ except PackageNotFoundError:  # run from a checkout that was never installed
 
 __all__ = ["__version__", "AsyncClient", "Client", "RequestOutput", "CompletionOutput", "Logprob", "StreamDelta",
            "RequestError", "ServiceError", "AuthenticationError", "ChatTemplateError", "SamplingParams",
-           "StructuredOutputsParams"]
+           "StructuredOutputsParams", "PoolingParams", "PoolingInfo", "PoolingOutput", "PoolingRequestOutput",
+           "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
+           "ScoringOutput", "ScoringRequestOutput"]

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from client_sdk.choice import Choice
 from protocol.client_messages import RequestOutput as WireOutput
+from protocol.pooling import PoolingParams
 
 DEFAULT_BATCH_WINDOW = 1024  # a batch job's requests in flight: several full steps of max_num_seqs 256
 
@@ -27,6 +28,7 @@ class PromptInFlight:
     choice_ids: list[str]  # the scheduler's request ids, one per choice
     choices: list[Choice]
     num_open: int = 0
+    pooling: PoolingParams | None = None  # set: a pooling request, one choice
 
 
 class BatchCollector:

@@ -10,7 +10,12 @@ from client_sdk.completion_text import CompletionText
 from client_sdk.outputs import CompletionOutput, vllm_logprobs
 from client_sdk.tokenizer import TextCodec
 from protocol.client_messages import RequestOutput as WireOutput
+from protocol.pooling import PoolingParams
 from protocol.sampling import SamplingParams
+
+
+# What a pooling request sends as its SamplingParams, which the scheduler ignores.
+POOLING_SAMPLING = SamplingParams(max_tokens=1)
 
 
 def validated(params: SamplingParams | None) -> SamplingParams:
@@ -20,6 +25,14 @@ def validated(params: SamplingParams | None) -> SamplingParams:
         return msgspec.convert(msgspec.to_builtins(params), SamplingParams)
     except msgspec.ValidationError as e:
         raise ValueError(f"invalid sampling params: {e}") from None
+
+
+def validated_pooling(params: PoolingParams | None) -> PoolingParams:
+    """validated, for a pooling request's params."""
+    try:
+        return msgspec.convert(msgspec.to_builtins(params or PoolingParams()), PoolingParams)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"invalid pooling params: {e}") from None
 
 
 def params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:
@@ -47,7 +60,7 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 class Choice:
     __slots__ = ("index", "params", "codec", "token_ids", "token_logprobs", "finish_reason", "stop_reason",
-                 "error_code", "error_message", "text", "prompt_token_logprobs")
+                 "error_code", "error_message", "text", "prompt_token_logprobs", "pooled")
 
     def __init__(self, index: int, params: SamplingParams, codec: TextCodec | None, incremental: bool):
         """incremental: detokenize as tokens arrive (streams, stop strings); else once at the end."""
@@ -62,6 +75,7 @@ class Choice:
         self.error_message: str | None = None
         self.text = CompletionText(codec, params) if codec is not None and incremental else None
         self.prompt_token_logprobs: list | None = None  # the wire's, prompt tokens 1..n-1
+        self.pooled: bytes | None = None  # a pooling request's values, as the wire has them
 
     @property
     def finished(self) -> bool:
@@ -81,6 +95,8 @@ class Choice:
         new_ids, new_logprobs, finish_reason = output.new_token_ids, output.logprobs, output.finish_reason
         if output.prompt_logprobs is not None:
             self.prompt_token_logprobs = output.prompt_logprobs
+        if output.pooled is not None:
+            self.pooled = output.pooled
         if self.text is not None:
             num_kept = self.text.push(new_ids)
             if num_kept is not None:

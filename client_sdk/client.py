@@ -16,16 +16,19 @@ from typing import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from client_sdk.batch import BatchCollector, PromptInFlight
 from client_sdk.batch_inputs import aiter_of, per_prompt, prompt_items
 from client_sdk.chat_template import render_chat
-from client_sdk.choice import Choice, choice_params, params_per_prompt, validated
+from client_sdk.choice import POOLING_SAMPLING, Choice, choice_params, params_per_prompt, validated, validated_pooling
 from client_sdk.errors import ChatTemplateError, PromptTooLong, RequestError, ServiceError, request_failure
 from client_sdk.live_choices import LiveChoices
 from client_sdk.model_defaults import default_sampling_params
 from client_sdk.outputs import RequestOutput, StreamDelta, prompt_logprobs
+from client_sdk.pooling_calls import PoolingCalls
+from client_sdk.pooling_outputs import PoolingOutput, PoolingRequestOutput, floats_of
 from client_sdk.tokenizer import TextCodec, off_loop
 from client_sdk.transport import Sink, Transport, error_output
 from protocol.client_messages import GenerateRequest, Health, HealthQuery, ModelInfo, ModelInfoQuery, request_refusal
 from protocol.client_messages import RequestOutput as WireOutput
 from protocol.errors import ErrorCode
+from protocol.pooling import PoolingParams
 from protocol.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -49,15 +52,16 @@ class _BatchRun:
     num_read: int = 0
     exhausted: bool = False
     codec_ready: bool = False  # _codec_for_outputs has been awaited
-    given_params: SamplingParams | None = None  # the last item's, and what it validated to (_validated_once)
-    checked_params: SamplingParams | None = None
+    # the last item's params, and what they validated to (_validated_once)
+    given_params: SamplingParams | PoolingParams | None = None
+    checked_params: SamplingParams | PoolingParams | None = None
 
     @property
     def has_room(self) -> bool:
         return self.collector.num_in_flight + len(self.collector.ready) < max(self.window, 1)
 
 
-class AsyncClient:
+class AsyncClient(PoolingCalls):
     def __init__(self, address: str = "tcp://127.0.0.1:5555", *, timeout_s: float | None = None,
                  request_timeout_s: float | None = None, curve_server_key: str | None = None,
                  curve_secret_key: str | None = None):
@@ -103,7 +107,8 @@ class AsyncClient:
                                                "pass prompt token ids")
         return codec
 
-    async def _checked_prompt(self, prompt: Prompt, choice_ids: list[str]) -> tuple[list[int], tuple | None]:
+    async def _checked_prompt(self, prompt: Prompt, choice_ids: list[str], pooling: PoolingParams | None = None
+                              ) -> tuple[list[int], tuple | None]:
         """The prompt's token ids (a long text tokenized off the event loop), and (error code,
         message) when the scheduler would refuse the request: said here at once, never sent."""
         try:
@@ -111,7 +116,8 @@ class AsyncClient:
                 if isinstance(prompt, str) else list(prompt)
         except PromptTooLong as e:  # a text past the model's context, untokenized
             return [], (e.code, str(e))
-        refusal = request_refusal(max(choice_ids, key=len), prompt_ids)  # the longest id: the others pass if it does
+        # the longest id: the others pass if it does
+        refusal = request_refusal(max(choice_ids, key=len), prompt_ids, pooling)
         return prompt_ids, (ErrorCode.INVALID_PARAMS, refusal) if refusal else None
 
     # ---- public API ----------------------------------------------------------------
@@ -249,11 +255,12 @@ class AsyncClient:
         priority: one for all, or an iterable of one per prompt (read alongside). window:
         requests (choices) in flight; by default the prompts' count when it is known and at
         most SMALL_BATCH, else SMALL_BATCH. Failed requests come back as in generate_batch.
+        PoolingParams instead of SamplingParams make pooling requests (see generate_iter_items).
         Closing the iterator early aborts what is in flight.
         """
         if window is None:
             window = min(len(prompts), SMALL_BATCH) if hasattr(prompts, "__len__") else SMALL_BATCH
-        items = prompt_items(prompts, per_prompt(params, SamplingParams), per_prompt(priority, int),
+        items = prompt_items(prompts, per_prompt(params, (SamplingParams, PoolingParams)), per_prompt(priority, int),
                              iter(request_ids) if request_ids is not None else None)
         async for index, output in self.generate_iter_items(
                 items, window=window, progress=progress, total=len(prompts) if hasattr(prompts, "__len__") else None):
@@ -263,7 +270,8 @@ class AsyncClient:
                                   progress: bool = False, total: int | None = None
                                   ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """generate_iter for items (prompt, params, priority[, request_id]) read one at a time:
-        for callers whose prompts and parameters come together (a batch file's lines)."""
+        for callers whose prompts and parameters come together (a batch file's lines). An item
+        whose params are PoolingParams is a pooling request: its output is a PoolingRequestOutput."""
         self._transport.start()
         items = aiter_of(items)
         # The tokenizer that decodes the outputs is asked for alongside the requests, not after
@@ -304,22 +312,29 @@ class AsyncClient:
                 break
             prompt, params, priority, *request_id = item
             params = await self._validated_once(run, params)
-            requests += await self._add_prompt(run, prompt, params, priority, request_id[0] if request_id else None)
+            pooling, params = (params, POOLING_SAMPLING) if isinstance(params, PoolingParams) else (None, params)
+            requests += await self._add_prompt(run, prompt, params, priority, request_id[0] if request_id else None,
+                                               pooling)
         if requests:
             await self._transport.send_requests(requests)
 
-    async def _validated_once(self, run: _BatchRun, params: SamplingParams | None) -> SamplingParams:
+    async def _validated_once(self, run: _BatchRun, params: SamplingParams | PoolingParams | None
+                              ) -> SamplingParams | PoolingParams:
         """params validated (None: the model's defaults), once for a run of prompts given the same object."""
         if params is not run.given_params or run.checked_params is None:
-            run.given_params, run.checked_params = params, validated(
-                params if params is not None else await self.default_sampling_params())
+            if isinstance(params, PoolingParams):
+                checked = validated_pooling(params)
+            else:
+                checked = validated(params if params is not None else await self.default_sampling_params())
+            run.given_params, run.checked_params = params, checked
         return run.checked_params
 
     async def _add_prompt(self, run: _BatchRun, prompt: Prompt, params: SamplingParams, priority: int,
-                           request_id: str | None) -> list[GenerateRequest]:
+                           request_id: str | None, pooling: PoolingParams | None = None) -> list[GenerateRequest]:
         """Puts the prompt in flight in the run (see _prompt_in_flight); returns its requests to
         send: none when it was refused here (it fails alone, now, as the scheduler would fail it)."""
-        entry, refusal = await self._prompt_in_flight(run.num_read, prompt, params, request_id, run.collector)
+        entry, refusal = await self._prompt_in_flight(run.num_read, prompt, params, request_id, run.collector,
+                                                      pooling)
         run.live[entry.index] = entry
         run.num_read += 1
         if refusal is not None:
@@ -327,7 +342,7 @@ class AsyncClient:
                 run.collector.on_output(error_output(choice_id, *refusal))
             return []
         return [GenerateRequest(choice_id, entry.prompt_ids, choice_params(params, c), priority,
-                                stream=bool(params.stop)) for c, choice_id in enumerate(entry.choice_ids)]
+                                stream=bool(params.stop), pooling=pooling) for c, choice_id in enumerate(entry.choice_ids)]
 
     def _end_batch_run(self, run: _BatchRun) -> None:
         """Aborts on the scheduler what had not finished (the caller stopped early, or a call
@@ -342,21 +357,31 @@ class AsyncClient:
         run.collector.close()
 
     async def _prompt_in_flight(self, index: int, prompt: Prompt, params: SamplingParams, request_id: str | None,
-                                collector: BatchCollector) -> tuple[PromptInFlight, tuple | None]:
+                                collector: BatchCollector, pooling: PoolingParams | None = None
+                                ) -> tuple[PromptInFlight, tuple | None]:
         """A prompt tokenized and its choices claimed, in the collector, ready to be sent; and
         (error code, message) when it must not be (see _checked_prompt)."""
         if params.stop:
             await self.text_codec()  # stop strings are matched on text
         with self._live.claimed(request_id, params, lambda _: collector.on_output) as (request_id, choice_ids):
-            prompt_ids, refusal = await self._checked_prompt(prompt, choice_ids)
+            prompt_ids, refusal = await self._checked_prompt(prompt, choice_ids, pooling)
         # stop strings: see every step, to abort at a match
         choices = [Choice(c, params, self._codec, incremental=bool(params.stop)) for c in range(params.n)]
         entry = PromptInFlight(index, request_id, prompt if isinstance(prompt, str) else None, prompt_ids,
-                               choice_ids, choices)
+                               choice_ids, choices, pooling=pooling)
         collector.add(entry)
         return entry, refusal
 
-    def _request_output(self, entry: PromptInFlight) -> RequestOutput:
+    def _request_output(self, entry: PromptInFlight) -> RequestOutput | PoolingRequestOutput:
+        if entry.pooling is not None:
+            [choice] = entry.choices
+            if choice.pooled is not None:
+                return PoolingRequestOutput(entry.request_id, entry.prompt_ids, PoolingOutput(floats_of(choice.pooled)),
+                                            prompt=entry.prompt)
+            return PoolingRequestOutput(entry.request_id, entry.prompt_ids, None, error_code=choice.error_code or
+                                        ErrorCode.INTERNAL, error_message=choice.error_message or
+                                        f"the request ended ({choice.finish_reason}) without pooled values",
+                                        prompt=entry.prompt)
         for choice in entry.choices:
             choice.codec = self._codec
         first = entry.choices[0]

@@ -36,6 +36,22 @@ class Client:
         on the client's thread."""
         return self._blocking(self._async.generate_iter(prompts, params, **kwargs))
 
+    def embed(self, prompts, **kwargs):
+        return self._call(self._async.embed(prompts, **kwargs))
+
+    def classify(self, prompts, **kwargs):
+        return self._call(self._async.classify(prompts, **kwargs))
+
+    def score(self, text_1, text_2, **kwargs):
+        return self._call(self._async.score(text_1, text_2, **kwargs))
+
+    def embed_iter(self, prompts, **kwargs):
+        """(index, EmbeddingRequestOutput) as each prompt finishes; prompts read lazily, as generate_iter's."""
+        return self._blocking(self._async.embed_iter(prompts, **kwargs))
+
+    def classify_iter(self, prompts, **kwargs):
+        return self._blocking(self._async.classify_iter(prompts, **kwargs))
+
     def stream(self, prompt, params=None, **kwargs) -> Iterator[StreamDelta]:
         return self._blocking(self._async.stream(prompt, params, **kwargs))
 

@@ -57,6 +57,19 @@ class TextCodec:
     def _encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
 
+    async def encode_pairs_async(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """Each pair tokenized as one input of two segments, as a cross-encoder reads it
+        (tokenizers' encode(a, b)): its token ids and its segment (token type) ids."""
+        for pair in pairs:
+            for text in pair:
+                self.check_fits(text)
+        if sum(len(a) + len(b) for a, b in pairs) <= INLINE_ENCODE_CHARS:
+            return self._encode_pairs(pairs)
+        return await off_loop(self._encode_pairs, pairs)
+
+    def _encode_pairs(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        return [(e.ids, e.type_ids) for e in self.tokenizer.encode_batch_fast(pairs)]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """add_special_tokens=False for a rendered chat, whose template wrote them already
         (as transformers' apply_chat_template tokenizes)."""

@@ -40,3 +40,11 @@ class PoolingInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
                       msgspec.Meta(max_length=1 << 20)] = []  # classify: id2label in order
     pooling_type: Annotated[str, msgspec.Meta(max_length=MAX_NAME_LEN)] = ""  # "CLS", "MEAN", "LAST"
     bidirectional: bool = False
+
+
+def pooling_refusal(pooling: PoolingParams, num_prompt_tokens: int) -> str | None:
+    """Why a pooling request with this prompt length is malformed, or None."""
+    if pooling.token_type_ids is not None and len(pooling.token_type_ids) != num_prompt_tokens:
+        return (f"pooling.token_type_ids has {len(pooling.token_type_ids)} entries for a prompt of "
+                f"{num_prompt_tokens} tokens (one per token)")
+    return None
