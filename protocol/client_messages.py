@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from protocol.limits import MAX_PROMPT_TOKENS, MAX_REQUEST_ID_LEN, MAX_REQUESTS_PER_MESSAGE
-from protocol.pooling import PoolingInfo, PoolingParams
+from protocol.pooling import PoolingInfo, PoolingParams, pooling_refusal
 from protocol.sampling import SamplingDefaults, SamplingParams, TokenId
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_LEN)]
@@ -39,23 +39,23 @@ class GenerateRequest(msgspec.Struct, array_like=True, gc=False, forbid_unknown_
     pooling: PoolingParams | None = None
 
     def __post_init__(self):
-        token_type_ids = self.pooling.token_type_ids if self.pooling is not None else None
-        if token_type_ids is not None and len(token_type_ids) != len(self.prompt_token_ids):
-            raise ValueError(f"pooling.token_type_ids has {len(token_type_ids)} entries for a prompt of "
-                             f"{len(self.prompt_token_ids)} tokens (one per token)")
+        refusal = pooling_refusal(self.pooling, len(self.prompt_token_ids)) if self.pooling is not None else None
+        if refusal is not None:
+            raise ValueError(refusal)
 
 
-def request_refusal(request_id: str, prompt_token_ids: Sequence[int]) -> str | None:
-    """Why decoding would refuse a GenerateRequest with this id and prompt, or None. The sampling
-    params are checked by their own type; the SDK asks this before sending, so that its caller
-    hears at once what the scheduler would answer."""
+def request_refusal(request_id: str, prompt_token_ids: Sequence[int], pooling: PoolingParams | None = None
+                    ) -> str | None:
+    """Why decoding would refuse a GenerateRequest with this id, prompt and pooling params, or
+    None. The sampling params are checked by their own type; the SDK asks this before sending, so
+    that its caller hears at once what the scheduler would answer."""
     if not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
         return f"a request id has 1 to {MAX_REQUEST_ID_LEN} characters, this one {len(request_id)}"
     if not 1 <= len(prompt_token_ids) <= MAX_PROMPT_TOKENS:
         return f"a prompt has 1 to {MAX_PROMPT_TOKENS} tokens, this one {len(prompt_token_ids)}"
     if min(prompt_token_ids) < 0:
         return "prompt token ids must be >= 0"
-    return None
+    return pooling_refusal(pooling, len(prompt_token_ids)) if pooling is not None else None
 
 
 class Generate(Message, tag=True):
