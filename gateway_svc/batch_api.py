@@ -1,8 +1,11 @@
 """OpenAI's Batch API routes: /v1/files (upload, list, retrieve, content, delete) and
 /v1/batches (create, retrieve, list, cancel), in OpenAI's shapes, over the BatchStore; the work
 itself is BatchJobs'. The routes are added to the app like the others, behind the same API key
-and the same middleware."""
+and the same middleware. A write that finds the disk full is answered 507 naming the path,
+and leaves nothing half written."""
 import asyncio
+import contextlib
+import os
 import shutil
 
 import msgspec
@@ -11,6 +14,7 @@ from fastapi.responses import FileResponse
 
 from gateway_svc.batch_lines import ENDPOINTS
 from gateway_svc.batch_store import COMPLETION_WINDOW_S, TERMINAL, BatchStore
+from gateway_svc.disk_full import DiskFull, disk_full_named
 from gateway_svc.errors import APIError, bad_request
 from gateway_svc.ids import new_id
 from gateway_svc.openai_requests import decode_body
@@ -34,6 +38,11 @@ def _existing(kind: str, object_id: str, obj: dict | None) -> dict:
     return obj
 
 
+def _insufficient_storage(e: DiskFull) -> APIError:
+    return APIError(507, f"{e}: nothing was kept; try again once there is space", "insufficient_storage",
+                    type="server_error")
+
+
 def _page(data: list[dict], has_more: bool) -> dict:
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
@@ -55,9 +64,20 @@ def add_batch_routes(app: FastAPI, store: BatchStore, dependencies: list) -> Non
             with open(store.file_path(file_id), "wb") as f:
                 shutil.copyfileobj(upload.file, f, 1 << 20)
 
-        await asyncio.to_thread(save)
-        await form.close()
-        return json_response(store.add_file(file_id, upload.filename or "upload.jsonl", purpose))
+        try:
+            with disk_full_named(store.file_path(file_id)):
+                await asyncio.to_thread(save)
+            return json_response(store.add_file(file_id, upload.filename or "upload.jsonl", purpose))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(store.file_path(file_id))
+            raise
+        finally:
+            await form.close()
+
+    @app.exception_handler(DiskFull)
+    async def _disk_full(request: Request, e: DiskFull):
+        return _insufficient_storage(e).response()
 
     @app.get("/v1/files", dependencies=dependencies)
     async def list_files(purpose: str | None = None, limit: int = 10000, after: str | None = None):

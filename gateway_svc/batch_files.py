@@ -2,17 +2,23 @@
 either gzip-compressed when its name ends in .gz, and an output left by a job that died read
 back for a resume.
 
-Each output line is flushed as it is written, so a killed job loses at most what was in
-flight, plus at worst the line being written: a torn last line (or a gzip member cut short)
-is dropped when the job resumes, and its request runs again.
+Each output line is written through to the OS as it comes, so a killed job loses at most what
+was in flight, plus at worst the line being written: a torn last line (or a gzip member cut
+short) is dropped when the job resumes, and its request runs again. A write that finds the
+disk full leaves no torn line: the file is cut back to its last whole line (a gzip member is
+ended there) and DiskFull is raised.
 """
+import contextlib
 import gzip
 import logging
 import os
+import struct
 import zlib
 from collections.abc import Callable, Iterator
 
 import msgspec
+
+from gateway_svc.disk_full import DiskFull, is_disk_full
 
 logger = logging.getLogger("stepserve.batch")
 _encoder = msgspec.json.Encoder()
@@ -30,18 +36,84 @@ def read_lines(path: str) -> Iterator[bytes]:
 
 
 class OutputFile:
-    """Appends output lines, each flushed to the OS as it is written."""
+    """Appends output lines, each written through to the OS as it comes (a .gz file's member
+    sync-flushed after each)."""
 
     def __init__(self, path: str):
         self.path = path
-        self._file = gzip.open(path, "ab") if _is_gzip(path) else open(path, "ab")
+        self._file = open(path, "ab", buffering=0)
+        self._whole_size = os.fstat(self._file.fileno()).st_size  # where the last whole line ends
+        self._member = _GzipMember() if _is_gzip(path) else None
 
     def write(self, obj: dict) -> None:
-        self._file.write(_encoder.encode(obj) + b"\n")
-        self._file.flush()
+        line = _encoder.encode(obj) + b"\n"
+        self._append(self._member.compress(line) if self._member else line)
+        if self._member:
+            self._member.add_whole(line)
 
     def close(self) -> None:
+        if self._file.closed:
+            return
+        try:
+            if self._member and self._member.num_bytes:
+                self._append(self._member.finish())
+        finally:
+            self._file.close()
+
+    def _append(self, data: bytes) -> None:
+        """data written whole, or the file cut back to its last whole line and closed, and the
+        error raised (DiskFull when there was no space)."""
+        try:
+            _write_all(self._file, data)
+        except OSError as e:
+            self._cut_back()
+            if is_disk_full(e):
+                raise DiskFull(self.path) from e
+            raise
+        self._whole_size += len(data)
+
+    def _cut_back(self) -> None:
+        os.ftruncate(self._file.fileno(), self._whole_size)  # shrinking needs no space
+        if self._member and self._member.num_bytes:
+            try:
+                _write_all(self._file, self._member.end_after_whole_lines())
+            except OSError:  # not even room for that: left cut short, as a kill leaves it (read_finished mends it)
+                os.ftruncate(self._file.fileno(), self._whole_size)
         self._file.close()
+
+
+def _write_all(f, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]
+
+
+# A final deflate block holding nothing (BFINAL=1, fixed codes, end of block; RFC 1951): after a
+# sync flush it ends the deflate stream where the last whole line ended.
+_EMPTY_FINAL_BLOCK = b"\x03\x00"
+
+
+class _GzipMember:
+    """One gzip member written a line at a time, each line sync-flushed, and the CRC and size
+    of the lines written whole, so the member can be ended after them if a later line fails."""
+
+    def __init__(self):
+        self._compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip's header and trailer
+        self._crc = 0
+        self.num_bytes = 0  # of the lines written whole
+
+    def compress(self, line: bytes) -> bytes:
+        return self._compressor.compress(line) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
+
+    def add_whole(self, line: bytes) -> None:
+        self._crc = zlib.crc32(line, self._crc)
+        self.num_bytes += len(line)
+
+    def finish(self) -> bytes:
+        return self._compressor.flush(zlib.Z_FINISH)
+
+    def end_after_whole_lines(self) -> bytes:
+        return _EMPTY_FINAL_BLOCK + struct.pack("<II", self._crc, self.num_bytes & 0xFFFFFFFF)
 
 
 def read_finished(path: str, on_output: Callable[[dict], None]) -> int:
@@ -79,7 +151,14 @@ def _truncate(path: str, offset: int, num_lines: int) -> None:
         return
     # A gzip member cut short cannot be appended to: copy the whole lines into a fresh file.
     tmp = path + ".resume-tmp"
-    with gzip.open(path, "rb") as src, gzip.open(tmp, "wb") as dst:
-        for _ in range(num_lines):
-            dst.write(src.readline())
+    try:
+        with gzip.open(path, "rb") as src, gzip.open(tmp, "wb") as dst:
+            for _ in range(num_lines):
+                dst.write(src.readline())
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)  # the output stays as it was
+        if is_disk_full(e):
+            raise DiskFull(tmp) from e
+        raise
     os.replace(tmp, path)

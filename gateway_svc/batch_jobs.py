@@ -12,6 +12,11 @@ the error file (error lines), as OpenAI's batches have them. Cancel aborts what 
 and keeps what finished. A gateway runs up to MAX_RUNNING_BATCHES batches at once, each with its
 own window of requests in flight; their requests are at BATCH_PRIORITY at least, so interactive
 requests go first under the priority policy.
+
+A disk that fills under the batch ends it `failed` with a disk_full error naming the path: its
+record keeps its whole lines (batch_files cuts a torn one back), the store its state (the
+store's reserve gives room to record the failure), and a batch created once there is space
+again runs as any other.
 """
 import asyncio
 import contextlib
@@ -25,6 +30,7 @@ import msgspec
 from gateway_svc.batch_files import OutputFile, read_finished, read_lines
 from gateway_svc.batch_runner import BatchCounts, BatchRunner
 from gateway_svc.batch_store import BatchStore
+from gateway_svc.disk_full import DiskFull, as_disk_full, disk_full_named
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import BATCH_PRIORITY
 from protocol.metrics import BatchMetrics
@@ -67,14 +73,31 @@ class BatchJobs:
 
     async def _take(self, batch_id: str, lock: int) -> None:
         try:
+            self.store.keep_reserve()  # given up by a full disk before: taken again while there is room
             await self._advance(batch_id)
         except asyncio.CancelledError:
             raise  # this gateway is stopping: the batch stays as it is, for the next one
         except Exception as e:
-            logger.exception("batch %s failed", batch_id)
-            self.store.set_status(batch_id, "failed", errors=_errors("internal_error", f"{type(e).__name__}: {e}"))
+            await self._fail(batch_id, e)
         finally:
             os.close(lock)  # the flock goes with it
+
+    async def _fail(self, batch_id: str, e: Exception) -> None:
+        full = as_disk_full(e, self.store.batch_dir)
+        if full is None:
+            logger.exception("batch %s failed", batch_id, exc_info=e)
+            errors = _errors("internal_error", f"{type(e).__name__}: {e}")
+        else:
+            logger.error("batch %s failed: %s", batch_id, full)
+            errors = _errors("disk_full", f"{full}: create the batch again once there is space")
+            self.store.release_reserve()
+        while True:
+            try:
+                self.store.set_status(batch_id, "failed", errors=errors)
+                return
+            except DiskFull as no_room:  # no reserve left (another batch took it): recorded once there is room
+                logger.warning("batch %s: its failure waits for room to be recorded: %s", batch_id, no_room)
+                await asyncio.sleep(POLL_S)
 
     async def _advance(self, batch_id: str) -> None:
         """Moves the batch from wherever it stopped to a final status."""
@@ -133,15 +156,21 @@ class BatchJobs:
         out = OutputFile(record)
         total = self.store.batch(batch_id)["request_counts"]["total"]  # as validation counted it
         work = asyncio.ensure_future(runner.run(read_lines(self.store.file_path(batch["input_file_id"]))))
+
+        def save_counts() -> None:
+            counts = runner.counts
+            self.store.set_counts(batch_id, total, before.num_completed + counts.num_completed,
+                                  before.num_failed + counts.num_failed,
+                                  before.num_prompt_tokens + counts.num_prompt_tokens,
+                                  before.num_completion_tokens + counts.num_completion_tokens)
+
         try:
             while not work.done():
                 await asyncio.wait({work}, timeout=POLL_S)
-                counts = runner.counts
-                self.store.set_counts(batch_id, total, before.num_completed + counts.num_completed,
-                                      before.num_failed + counts.num_failed,
-                                      before.num_prompt_tokens + counts.num_prompt_tokens,
-                                      before.num_completion_tokens + counts.num_completion_tokens)
-                if not work.done() and self.store.status(batch_id) == "cancelling":
+                if work.done():
+                    break
+                save_counts()
+                if self.store.status(batch_id) == "cancelling":
                     work.cancel()  # aborts what is in flight; what finished stays in the record
                     with contextlib.suppress(asyncio.CancelledError):
                         await work
@@ -153,33 +182,42 @@ class BatchJobs:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await work
             out.close()
+        save_counts()
         if self.store.set_status(batch_id, "finalizing", only_from=("in_progress",)):
             return "finalizing"
         return self.store.status(batch_id)  # cancelled just as it ended
 
     def _finalize(self, batch_id: str, final_status: str) -> None:
-        """Splits the record into the output and error files and ends the batch."""
+        """Splits the record into the output and error files and ends the batch; when that
+        fails (a full disk) the batch is as it was, with neither file."""
         record = os.path.join(self.store.work_dir(batch_id), "output.jsonl")
         hex_id = batch_id.removeprefix("batch_")
         ids = {"output": f"file-{hex_id}-output", "error": f"file-{hex_id}-errors"}
         num_lines = {"output": 0, "error": 0}
-        with open(self.store.file_path(ids["output"]), "wb") as output, \
-                open(self.store.file_path(ids["error"]), "wb") as errors:
-            if os.path.exists(record):
-                with open(record, "rb") as f:
-                    for line in f:
-                        kind = "output" if msgspec.json.decode(line).get("error") is None else "error"
-                        (output if kind == "output" else errors).write(line)
-                        num_lines[kind] += 1
-        file_ids = {}
+        try:
+            with disk_full_named(self.store.file_path(ids["output"])), \
+                    open(self.store.file_path(ids["output"]), "wb") as output, \
+                    open(self.store.file_path(ids["error"]), "wb") as errors:
+                if os.path.exists(record):
+                    with open(record, "rb") as f:
+                        for line in f:
+                            kind = "output" if msgspec.json.decode(line).get("error") is None else "error"
+                            (output if kind == "output" else errors).write(line)
+                            num_lines[kind] += 1
+            with self.store.transaction():
+                file_ids = {kind: file_id for kind, file_id in ids.items() if num_lines[kind]}
+                for kind, file_id in file_ids.items():
+                    self.store.add_file(file_id, f"{batch_id}_{kind}.jsonl", "batch_output")
+                self.store.set_status(batch_id, final_status, output_file_id=file_ids.get("output"),
+                                      error_file_id=file_ids.get("error"))
+        except BaseException:
+            for file_id in ids.values():
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.store.file_path(file_id))
+            raise
         for kind, file_id in ids.items():
-            if num_lines[kind]:
-                self.store.add_file(file_id, f"{batch_id}_{kind}.jsonl", "batch_output")
-                file_ids[kind] = file_id
-            else:
+            if not num_lines[kind]:
                 os.remove(self.store.file_path(file_id))
-        self.store.set_status(batch_id, final_status, output_file_id=file_ids.get("output"),
-                              error_file_id=file_ids.get("error"))
 
 
 def _try_lock(path: str) -> int | None:

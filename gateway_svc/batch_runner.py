@@ -9,6 +9,7 @@ line becomes an error line and the job goes on. Batch requests run at `min_prior
 lower (vLLM's convention: a larger value is served later), so interactive requests
 (priority 0) go first under the scheduler's priority policy.
 """
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -80,14 +81,16 @@ class BatchRunner:
     async def run(self, lines: Iterable[bytes]) -> BatchCounts:
         """Runs every line not already done; returns the counts. Cancelling it aborts what is
         in flight (those lines get no output line)."""
+        outputs = self.upstream.client.generate_iter_items(self._requests(lines), window=self._window)
         try:
-            async for index, output in self.upstream.client.generate_iter_items(self._requests(lines),
-                                                                                 window=self._window):
-                line, i = self._items.pop(index)
-                line.outputs[i] = output
-                line.num_open -= 1
-                if line.num_open == 0:
-                    self._finish(line)
+            # aclosing: a write that fails (a full disk) aborts what is in flight at once
+            async with contextlib.aclosing(outputs):
+                async for index, output in outputs:
+                    line, i = self._items.pop(index)
+                    line.outputs[i] = output
+                    line.num_open -= 1
+                    if line.num_open == 0:
+                        self._finish(line)
         finally:
             self._ids.close()
         return self.counts

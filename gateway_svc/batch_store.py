@@ -6,6 +6,11 @@ Objects come out in OpenAI's shapes (a file, a batch with request_counts and usa
 work is owned by whichever gateway holds the flock of its folder's lock file (batch_jobs), so
 gateways sharing one --batch-dir on a local filesystem never run a batch twice, and a killed
 gateway's batches are free again at once (the kernel drops its locks).
+
+A full disk: every write to the database raises DiskFull (SQLite keeps its state whole; the
+write is not made). So that a batch cut off by a full disk can still be marked failed, the
+folder keeps a reserve file, allocated while there is space and given up to record that
+(CockroachDB's "ballast file" does the same for its own state).
 """
 import contextlib
 import json
@@ -13,11 +18,13 @@ import os
 import sqlite3
 import time
 
+from gateway_svc.disk_full import DiskFull, disk_full_named, is_disk_full
 from gateway_svc.ids import new_id
 
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 COMPLETION_WINDOW_S = {"24h": 24 * 3600}
+RESERVE_BYTES = 1 << 20  # room for a few database writes (a WAL frame is a 4 KiB page) when the disk is full
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -49,8 +56,9 @@ class BatchStore:
         self.batch_dir = batch_dir
         os.makedirs(os.path.join(batch_dir, "files"), exist_ok=True)
         os.makedirs(os.path.join(batch_dir, "work"), exist_ok=True)
-        self._db = sqlite3.connect(os.path.join(batch_dir, "state.sqlite3"), isolation_level=None,
-                                   check_same_thread=False, timeout=30.0)
+        self.db_path = os.path.join(batch_dir, "state.sqlite3")
+        self._reserve_path = os.path.join(batch_dir, "reserve")
+        self._db = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False, timeout=30.0)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
@@ -59,6 +67,47 @@ class BatchStore:
             if name not in columns:
                 with contextlib.suppress(sqlite3.OperationalError):  # another gateway added it meanwhile
                     self._db.execute(f"ALTER TABLE batches ADD COLUMN {name} {kind}")
+        self.keep_reserve()
+
+    def _write(self, query: str, args=()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(query, args)
+        except sqlite3.OperationalError as e:
+            if is_disk_full(e):
+                raise DiskFull(self.db_path) from e
+            raise
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """The writes inside are made together, or none of them."""
+        self._write("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._write("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:  # SQLite may have rolled it back itself (a failed COMMIT)
+                self._db.execute("ROLLBACK")
+            raise
+
+    # ---- the reserve -----------------------------------------------------------------
+
+    def keep_reserve(self) -> None:
+        """Allocates the reserve file when it is not there and there is room for it."""
+        path = self._reserve_path
+        if os.path.exists(path) and os.path.getsize(path) == RESERVE_BYTES:
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)  # blocks taken, not a sparse file
+            finally:
+                os.close(fd)
+        except OSError:  # no room, or a filesystem that cannot allocate: the batches run without it
+            self.release_reserve()
+
+    def release_reserve(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._reserve_path)
 
     # ---- files -----------------------------------------------------------------------
 
@@ -68,8 +117,8 @@ class BatchStore:
     def add_file(self, file_id: str, filename: str, purpose: str) -> dict:
         """Registers a file whose bytes are already at file_path(file_id)."""
         size = os.path.getsize(self.file_path(file_id))
-        self._db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)", (file_id, size, int(time.time()), filename,
-                                                                        purpose))
+        self._write("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+                    (file_id, size, int(time.time()), filename, purpose))
         return self.file(file_id)
 
     def file(self, file_id: str) -> dict | None:
@@ -86,7 +135,7 @@ class BatchStore:
         return [_file_object(row) for row in rows]
 
     def delete_file(self, file_id: str) -> bool:
-        if self._db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 0:
+        if self._write("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 0:
             return False
         try:
             os.remove(self.file_path(file_id))
@@ -102,8 +151,9 @@ class BatchStore:
     def add_batch(self, input_file_id: str, endpoint: str, completion_window: str, metadata: dict | None) -> dict:
         batch_id = new_id("batch_")
         now = int(time.time())
-        os.makedirs(self.work_dir(batch_id), exist_ok=True)
-        self._db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, "
+        with disk_full_named(self.work_dir(batch_id)):
+            os.makedirs(self.work_dir(batch_id), exist_ok=True)
+        self._write("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, "
                          "created_at, expires_at) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
                          (batch_id, endpoint, input_file_id, completion_window, json.dumps(metadata),
                           now, now + COMPLETION_WINDOW_S[completion_window]))
@@ -143,11 +193,11 @@ class BatchStore:
         if only_from:
             query += f" AND status IN ({','.join('?' * len(only_from))})"
             args += list(only_from)
-        return self._db.execute(query, args).rowcount == 1
+        return self._write(query, args).rowcount == 1
 
     def set_counts(self, batch_id: str, total: int, completed: int, failed: int,
                    input_tokens: int = 0, output_tokens: int = 0) -> None:
-        self._db.execute("UPDATE batches SET total = ?, completed = ?, failed = ?, input_tokens = ?, "
+        self._write("UPDATE batches SET total = ?, completed = ?, failed = ?, input_tokens = ?, "
                          "output_tokens = ? WHERE id = ?",
                          (total, completed, failed, input_tokens, output_tokens, batch_id))
 

@@ -4,7 +4,8 @@ OpenAI batch file run to its output file on a scheduler's address.
 The output is appended line by line as requests finish; `--resume` reads the output of a job
 that died, drops a torn last line and runs only the lines it lacks. On a terminal a progress
 bar shows requests/s, tokens/s and the time left; a summary line ends the run. Exit status 0
-when every input line has its output line.
+when every input line has its output line. A disk that fills ends the job with one line naming
+the path (exit status 1); the output keeps its whole lines, for a --resume once there is space.
 """
 import argparse
 import sys
@@ -13,6 +14,7 @@ import time
 from client_sdk.client import AsyncClient
 from gateway_svc.batch_files import OutputFile, read_finished, read_lines
 from gateway_svc.batch_runner import BatchCounts, BatchRunner
+from gateway_svc.disk_full import DiskFull, disk_full_named
 from gateway_svc.chat_parsing import chat_parsing_of
 from gateway_svc.upstream import Upstream
 
@@ -51,13 +53,19 @@ async def run(args: argparse.Namespace, address: str) -> int:
         upstream = Upstream(client, args.served_model_name, chat_parsing=chat_parsing_of(args))
         progress = _Progress(_num_lines(args.input_file)) if sys.stderr.isatty() else None
         out = None
+        num_before = 0
+        runner = BatchRunner(upstream, lambda line: out.write(line), window=args.window,
+                             min_priority=args.priority, on_line=progress or (lambda counts, ok: None))
         try:
-            runner = BatchRunner(upstream, lambda line: out.write(line), window=args.window,
-                                 min_priority=args.priority, on_line=progress or (lambda counts, ok: None))
-            if args.resume:
-                read_finished(args.output_file, runner.mark_done)
-            out = OutputFile(args.output_file) if args.resume else _fresh(args.output_file)
-            counts = await runner.run(read_lines(args.input_file))
+            with disk_full_named(args.output_file):
+                if args.resume:
+                    num_before = read_finished(args.output_file, runner.mark_done)
+                out = OutputFile(args.output_file) if args.resume else _fresh(args.output_file)
+                counts = await runner.run(read_lines(args.input_file))
+        except DiskFull as full:
+            print(f"run-batch: {full}; the output keeps its {num_before + runner.counts.num_done} whole lines: "
+                  "run it again with --resume once there is space", file=sys.stderr, flush=True)
+            return 1
         finally:
             if out is not None:
                 out.close()
