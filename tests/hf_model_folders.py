@@ -257,3 +257,143 @@ def resharded(folder: str, path: str, max_shard_size: str) -> str:
         if not name.endswith(".safetensors") and not os.path.exists(os.path.join(path, name)):
             shutil.copy(os.path.join(folder, name), path)
     return str(path)
+
+
+# ---- pooling models (issue 34): encoders and embedders, with sentence-transformers' files ----
+
+BERT_SPECIALS = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+ROBERTA_SPECIALS = OPT_SPECIALS  # <s> 0, <pad> 1, </s> 2, <unk> 3: XLM-R's pad_token_id is 1
+
+
+def _save_with_tokenizer(model, path: str, specials: dict[str, int], single: str, pair: str,
+                         token_names: dict[str, str]) -> str:
+    """save_pretrained, and a byte-level tokenizer whose post-processor adds the model's special
+    tokens as its real tokenizer does (single, pair: tokenizers' TemplateProcessing), with a
+    tokenizer_config.json that transformers' AutoTokenizer (and so sentence-transformers) reads."""
+    import json
+
+    from tokenizers import processors
+    from worker_svc.byte_tokenizer import build_byte_tokenizer
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer = build_byte_tokenizer(model.config.vocab_size, specials)
+    used = {t for t in specials if t in single or t in pair}
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(t, specials[t]) for t in sorted(used)])
+    with open(os.path.join(path, "tokenizer.json"), "w") as f:
+        f.write(tokenizer.to_str())
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 128, **token_names}, f)
+    return str(path)
+
+
+def _bert_config(**overrides) -> dict:
+    """all-MiniLM-L6-v2's structure (gelu, post-norm, 2 token types), shrunk."""
+    config = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=128, type_vocab_size=2, pad_token_id=0)
+    config.update(overrides)
+    return config
+
+
+def _xlm_roberta_config(**overrides) -> dict:
+    """bge-m3's structure (positions from pad_token_id + 1, one token type), shrunk."""
+    config = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+                  bos_token_id=0, eos_token_id=2)
+    config.update(overrides)
+    return config
+
+
+def _spread(model, std: float = 0.1) -> None:
+    """HF initialises biases to 0 and LayerNorms to (1, 0): make every parameter matter. A
+    classifier head's weights (std 0.02) would leave its logits all but its biases: widened."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(head in name for head in ("classifier.", "pooler.")) and name.endswith("weight"):
+                param.normal_(0, 0.5)
+            elif name.endswith("bias"):
+                param.normal_(0, std)
+            elif "LayerNorm" in name:
+                param.normal_(1, std)
+
+
+def _save_bert(model, path: str) -> str:
+    return _save_with_tokenizer(model, path, BERT_SPECIALS, "[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1",
+                                {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                                 "unk_token": "[UNK]", "mask_token": "[MASK]"})
+
+
+def _save_roberta(model, path: str) -> str:
+    return _save_with_tokenizer(model, path, ROBERTA_SPECIALS, "<s> $A </s>", "<s> $A </s> </s> $B </s>",
+                                {"bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
+                                 "pad_token": "<pad>", "unk_token": "<unk>"})
+
+
+def add_sentence_transformers(path: str, pooling_mode: str, normalize: bool) -> str:
+    """Makes a saved folder a sentence-transformers model, saved by sentence-transformers itself:
+    modules.json, 1_Pooling/config.json (pooling_mode: cls, mean or lasttoken) and a Normalize
+    module if normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    transformer = Transformer(path)
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling_mode)]
+    if normalize:
+        modules.append(Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(path)
+    return str(path)
+
+
+def make_bert_folder(path: str, seed: int = 0, pooling_mode: str | None = "mean", normalize: bool = True,
+                     **overrides) -> str:
+    """BertModel as all-MiniLM-L6-v2 is (pooling_mode mean, normalised; bge-small: cls), with
+    sentence-transformers' files; pooling_mode None: a bare transformers folder."""
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(seed)
+    model = BertModel(BertConfig(**_bert_config(**overrides))).float().eval()
+    _spread(model)
+    _save_bert(model, path)
+    return add_sentence_transformers(path, pooling_mode, normalize) if pooling_mode else str(path)
+
+
+def make_bert_classifier_folder(path: str, seed: int = 0, num_labels: int = 3, **overrides) -> str:
+    """BertForSequenceClassification (a cross-encoder): pooler and classifier, labels named."""
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(seed)
+    config = _bert_config(num_labels=num_labels, id2label={i: f"label_{i}" for i in range(num_labels)},
+                          label2id={f"label_{i}": i for i in range(num_labels)}, **overrides)
+    model = BertForSequenceClassification(BertConfig(**config)).float().eval()
+    _spread(model)
+    return _save_bert(model, path)
+
+
+def make_xlm_roberta_folder(path: str, seed: int = 0, pooling_mode: str | None = "cls", normalize: bool = True,
+                            **overrides) -> str:
+    """XLMRobertaModel as BAAI/bge-m3 is (cls, normalised), with sentence-transformers' files."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+    torch.manual_seed(seed)
+    model = XLMRobertaModel(XLMRobertaConfig(**_xlm_roberta_config(**overrides))).float().eval()
+    _spread(model)
+    _save_roberta(model, path)
+    return add_sentence_transformers(path, pooling_mode, normalize) if pooling_mode else str(path)
+
+
+def make_xlm_roberta_classifier_folder(path: str, seed: int = 0, num_labels: int = 1, **overrides) -> str:
+    """XLMRobertaForSequenceClassification as a bge-reranker is: one label (its sigmoid is the
+    relevance score)."""
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+    torch.manual_seed(seed)
+    model = XLMRobertaForSequenceClassification(
+        XLMRobertaConfig(**_xlm_roberta_config(num_labels=num_labels, **overrides))).float().eval()
+    _spread(model)
+    return _save_roberta(model, path)
+
+
+def make_qwen3_embedding_folder(path: str, seed: int = 0, **overrides) -> str:
+    """Qwen3 as Qwen3-Embedding is: a causal model whose tokenizer appends its end token, pooled
+    by sentence-transformers at the last token, normalised."""
+    make_qwen3_folder(path, seed, tie_word_embeddings=True, **overrides)
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    _save_with_tokenizer(model, path, LLAMA_SPECIALS, "$A </s>", "$A </s> $B </s>",
+                         {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"})
+    return add_sentence_transformers(path, "lasttoken", True)

@@ -1,6 +1,7 @@
 """python -m worker_svc --scheduler tcp://127.0.0.1:5556 --model tiny-llama|PATH|ORG/NAME [--device cpu|cuda:N]
 [--revision REV] [--download-dir DIR]  (a Hugging Face hub id: fetched here, into the hub's cache)
 [--dtype ...] [--load-format auto|dummy] [--kv-cache-gb N]
+[--task auto|generate|embed|classify] [--pooling-type CLS|MEAN|LAST] [--normalize|--no-normalize]
 [--tensor-parallel-size N --rank R --dist-init-address tcp://HOST:PORT [--group-id ID]]
 [--devices all]  (one worker process per visible CUDA device)
 [--curve-server-key FILE --curve-secret-key FILE]  (CurveZMQ; or $STEPSERVE_CURVE_KEYS, a keys folder)"""
@@ -49,8 +50,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        check_servable(resolve_model(args.model, args.revision, args.download_dir, args.load_format))
-    except ModelUnavailable as e:
+        check_servable(resolve_model(args.model, args.revision, args.download_dir, args.load_format),
+                       args.task, args.pooling_type, args.normalize)
+    except (ModelUnavailable, ValueError) as e:
         raise SystemExit(str(e)) from None  # one line that says what to do; a traceback would bury it
     # Imported after the check: torch takes seconds to import (tens on a busy machine), and a
     # model this worker cannot serve must fail before that, with its reason.

@@ -22,7 +22,7 @@ def build_byte_tokenizer(vocab_size: int, specials: dict[str, int] = LLAMA_SPECI
     # Padding entries live in the BPE vocab (no merges reach them): cheap, and decodable.
     for i in range(vocab_size - num_base):
         vocab[f"<extra_{i}>"] = num_base + i
-    unk = next(t for t in specials if "unk" in t)
+    unk = next(t for t in specials if "unk" in t.lower())
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()

@@ -9,6 +9,7 @@ import os
 
 from worker_svc import presets
 from worker_svc.models import supported_architecture
+from worker_svc.pooling_config import pooling_info, resolve_task
 
 
 def read_config(model: str) -> dict:
@@ -23,6 +24,10 @@ def read_config(model: str) -> dict:
                      "hub id (ORG/NAME)")
 
 
-def check_servable(model: str) -> None:
-    """Raises ValueError, with the reason, for a model no model class serves."""
-    supported_architecture(read_config(model))
+def check_servable(model: str, task: str = "auto", pooling_type: str | None = None,
+                   normalize: bool | None = None) -> None:
+    """Raises ValueError, with the reason, for a model no model class serves, or not for this
+    task (pooling_config.py)."""
+    config = read_config(model)
+    supported_architecture(config)
+    pooling_info(resolve_task(task, model, config), model, config, pooling_type, normalize)

@@ -58,7 +58,9 @@ def padded_size(num: int) -> int:
 class ModelExecutor:
     def __init__(self, model: torch.nn.Module, device: torch.device, compile_model: bool):
         self.model, self.device = model, device
-        self._forward, self._logits = model, model.compute_logits
+        # A pooling encoder (models/bert.py) has no LM head: its graph is the forward alone.
+        self.has_head = hasattr(model, "compute_logits")
+        self._forward, self._logits = model, getattr(model, "compute_logits", None)
         self.compiled = False
         # cuda_graphs.DecodeGraphs, set by the runner after warm_up on CUDA; None: never replays
         self.decode_graphs = None
@@ -75,11 +77,11 @@ class ModelExecutor:
             # and, with fullgraph, failed at the ninth.
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
-            self._forward = compile(ForwardWithGreedyHead(model))
+            self._forward = compile(ForwardWithGreedyHead(model) if self.has_head else model)
             # A step with no greedy rows passes none: torch.compile specialises a dimension of
             # size 0, so that step runs a graph of its own, without the head.
             self._no_rows = torch.zeros(0, dtype=torch.int64, device=device)
-            self._logits = compile(model.compute_logits)
+            self._logits = compile(model.compute_logits) if self.has_head else None
             self.compiled = True
 
     def padded_size(self, num_tokens: int) -> int:
@@ -95,7 +97,7 @@ class ModelExecutor:
             hidden = self.decode_graphs.replay(input_ids, positions)
             if hidden is not None:
                 return hidden, self._argmax_of_logits(hidden, greedy_indices)
-        if not self.compiled:
+        if not self.compiled or not self.has_head:
             hidden = self._forward(input_ids, positions)
             return hidden, self._argmax_of_logits(hidden, greedy_indices)
         if greedy_indices is None:  # no head: the graph compiled for zero rows skips it
@@ -117,7 +119,7 @@ class ModelExecutor:
     def compiled_forward(self):
         """The compiled forward alone, (input_ids, positions) -> hidden, what a CUDA graph
         captures (the graph for zero greedy rows: no head); the eager model if not compiled."""
-        if not self.compiled:
+        if not self.compiled or not self.has_head:
             return self._forward
         return lambda input_ids, positions: self._forward(input_ids, positions, self._no_rows)[0]
 
@@ -143,11 +145,12 @@ class ModelExecutor:
         start = time.perf_counter()
         try:
             hidden = run_forward(2 * TOKEN_BUCKET)  # a step that samples, or samples nothing
-            run_forward(2 * TOKEN_BUCKET, np.arange(TOKEN_BUCKET))  # an all-greedy step: the head in the graph
-            self.logits(hidden)
+            if self.has_head:
+                run_forward(2 * TOKEN_BUCKET, np.arange(TOKEN_BUCKET))  # an all-greedy step: the head in the graph
+                self.logits(hidden)
         except Exception:
             log.exception("torch.compile failed; the model runs eagerly")
-            self._forward, self._logits = self.model, self.model.compute_logits
+            self._forward, self._logits = self.model, getattr(self.model, "compute_logits", None)
             self.compiled = False
             return 0.0
         seconds = time.perf_counter() - start

@@ -30,7 +30,9 @@ CONFIG_FILE = "config.json"
 # The files besides the weights that the worker reads (loader.py): config, tokenizer, chat
 # template and sampling defaults.
 MODEL_FILES = (CONFIG_FILE, "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja")
+               "special_tokens_map.json", "chat_template.jinja",
+               # sentence-transformers' modules and its Pooling module's config (pooling_config.py)
+               "modules.json", "config_sentence_transformers.json", "1_Pooling/config.json")
 # Per weight format, in the order `auto` prefers them: the files' suffix and the index a sharded
 # checkpoint keeps next to them.
 WEIGHT_FORMATS = {"safetensors": (".safetensors", "model.safetensors.index.json"),
@@ -125,7 +127,8 @@ def _download(repo_id: str, revision: str | None, cache_dir: str, load_format: s
     # model_info lists the files in one request (list_repo_files pages with retries: half a
     # minute of them where the hub cannot be reached).
     siblings = HfApi().model_info(repo_id, revision=revision).siblings or []
-    names = [s.rfilename for s in siblings if "/" not in s.rfilename]
+    all_names = [s.rfilename for s in siblings]
+    names = [n for n in all_names if "/" not in n]
 
     def read_index(index: str) -> dict:
         with open(hf_hub_download(repo_id, index, revision=revision, cache_dir=cache_dir)) as f:
@@ -133,7 +136,7 @@ def _download(repo_id: str, revision: str | None, cache_dir: str, load_format: s
 
     indexes = [index for _, index in WEIGHT_FORMATS.values()]
     weights = [] if load_format == "dummy" else weight_files(names, load_format, read_index)
-    wanted = [n for n in names if n in MODEL_FILES or n in indexes] + weights
+    wanted = [n for n in all_names if n in MODEL_FILES or n in indexes] + weights
     return snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=wanted)
 
 

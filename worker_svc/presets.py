@@ -4,7 +4,9 @@ They let every test, benchmark and demo run with no download. `tiny-llama` is th
 peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape; `tiny-qwen3`
 is tiny-llama's size with Qwen3's traits (q/k norms, grouped-query attention, a head_dim of 128
 that is not hidden / heads, tied embeddings); `tiny-mixtral` is tiny-llama with a mixture of experts;
-`qwen3-0.6b` is Qwen/Qwen3-0.6B's shape, the real-size model benchmarks name.
+`qwen3-0.6b` is Qwen/Qwen3-0.6B's shape, the real-size model benchmarks name;
+`all-minilm-l6-v2` and `bge-small` are the encoder embedders sentence-transformers/all-MiniLM-L6-v2
+and BAAI/bge-small-en-v1.5 (their configs; PRESET_POOLING: their sentence-transformers pooling).
 """
 from worker_svc.byte_tokenizer import LLAMA_SPECIALS, OPT_SPECIALS
 
@@ -53,6 +55,15 @@ def _opt(vocab_size, hidden_size, ffn_dim, num_layers, num_heads, max_positions)
     }
 
 
+def _bert(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, max_positions) -> dict:
+    return {
+        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": vocab_size,
+        "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads, "max_position_embeddings": max_positions, "type_vocab_size": 2,
+        "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pad_token_id": 0, "torch_dtype": "float32",
+    }
+
+
 PRESETS: dict[str, dict] = {
     "tiny-llama": _llama(32000, 256, 688, 4, 4, 4, 2048),
     "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
@@ -85,11 +96,19 @@ PRESETS: dict[str, dict] = {
         "bos_token_id": LLAMA_SPECIALS["<s>"], "eos_token_id": LLAMA_SPECIALS["</s>"],
         "pad_token_id": LLAMA_SPECIALS["<pad>"], "torch_dtype": "float32",
     },
+    "all-minilm-l6-v2": _bert(30522, 384, 1536, 6, 12, 512),
+    "bge-small": _bert(30522, 384, 1536, 12, 12, 512),
 }
+# The encoder presets' sentence-transformers pooling: (pooling type, normalize)
+PRESET_POOLING = {"all-minilm-l6-v2": ("MEAN", True), "bge-small": ("CLS", True)}
 
 
 def preset_specials(config: dict) -> dict[str, int]:
     return OPT_SPECIALS if config["model_type"] == "opt" else LLAMA_SPECIALS
+
+
+def preset_pooling(name: str) -> tuple[str, bool] | None:
+    return PRESET_POOLING.get(name)
 
 
 def is_preset(name: str) -> bool:

@@ -8,6 +8,7 @@ from itertools import chain, repeat
 
 import numpy as np
 
+from protocol.pooling import PoolingParams
 from protocol.worker_messages import NewRequestData
 from worker_svc.kv_cache import num_blocks_for_tokens
 from worker_svc.logits_processors import LogitsProcessors
@@ -27,6 +28,9 @@ class StepInputs:
     block_tables: np.ndarray  # [B, max_blocks], trimmed to the longest context
     sampled_mask: np.ndarray  # [B] bool: the sequence reaches the end of its known tokens
     logits_indices: np.ndarray  # [S] last token of each sampled sequence
+    # [B] bool: a pooling request's whole prompt (it ends with this step, sampling nothing)
+    pooled_mask: np.ndarray
+    query_start_loc: np.ndarray  # [B + 1] where each sequence's tokens start on the token axis
 
     @classmethod
     def empty(cls, num_padded: int, scratch_slot: int = 0) -> "StepInputs":
@@ -36,7 +40,8 @@ class StepInputs:
         return cls(num_computed_tokens=none, input_ids=zeros, positions=zeros,
                    slot_mapping=np.full(num_padded, scratch_slot, dtype=np.int64),
                    block_tables=np.zeros((0, 1), dtype=np.int64),
-                   sampled_mask=np.zeros(0, dtype=bool), logits_indices=none)
+                   sampled_mask=np.zeros(0, dtype=bool), logits_indices=none,
+                   pooled_mask=np.zeros(0, dtype=bool), query_start_loc=np.zeros(1, dtype=np.int64))
 
 
 class RequestTable:
@@ -53,6 +58,7 @@ class RequestTable:
         self.row_of: dict[str, int] = {}
         self.stop_ids: dict[int, list[int]] = {}  # row -> tokens banned before min_tokens
         self.scoring_rows: set[int] = set()  # rows asking for prompt logprobs
+        self.pooling: dict[int, PoolingParams] = {}  # row -> a pooling request's parameters
         self._free_rows: list[int] = []
         self.num_rows = 0
         self._grow(num_rows)
@@ -71,6 +77,7 @@ class RequestTable:
                      "top_k", "state_slot"):
             resized(name, (num_rows,), np.int64)
         resized("seed", (num_rows,), np.int64, -1)
+        resized("is_pooling", (num_rows,), bool)
         resized("num_logprobs", (num_rows,), np.int64, -1)
         resized("num_prompt_logprobs", (num_rows,), np.int64, -1)
         for name in ("temperature", "top_p", "min_p"):
@@ -118,8 +125,11 @@ class RequestTable:
             self.num_logprobs[rows] = [-1 if p.logprobs is None else p.logprobs for p in params]
             self.num_prompt_logprobs[rows] = [-1 if p.prompt_logprobs is None else p.prompt_logprobs for p in params]
             self.min_tokens[rows] = [p.min_tokens for p in params]
+            self.is_pooling[rows] = [new.pooling is not None for new in news]
             for row, new in zip(row_list, news):
                 p = new.params
+                if new.pooling is not None:
+                    self.pooling[row] = new.pooling
                 if p.prompt_logprobs is not None:
                     self.scoring_rows.add(row)
                 if p.min_tokens:
@@ -144,6 +154,9 @@ class RequestTable:
             for row in rows:
                 self.stop_ids.pop(row, None)
         self.scoring_rows.difference_update(rows)
+        if self.pooling:
+            for row in rows:
+                self.pooling.pop(row, None)
         self.logits_processors.remove(rows)
         self.structured_outputs.remove(rows)
         self._free_rows += rows
@@ -197,11 +210,16 @@ class RequestTable:
         padded_positions = np.zeros(num_padded, dtype=np.int64)
         padded_positions[:num_tokens] = positions
         max_blocks = int(num_blocks_for_tokens(context_lens.max(), bs))
-        sampled_mask = context_lens == self.num_tokens[rows]
+        reaches_end = context_lens == self.num_tokens[rows]
+        pooled_mask = self.is_pooling[rows]
+        if (pooled_mask & ((num_computed > 0) | ~reaches_end)).any():
+            raise ValueError("a pooling request's prompt must run whole in one step")
+        sampled_mask = reaches_end & ~pooled_mask
         return StepInputs(
             num_computed_tokens=num_computed, input_ids=input_ids, positions=padded_positions,
             slot_mapping=slot_mapping, block_tables=self.block_table[rows, :max_blocks],
-            sampled_mask=sampled_mask, logits_indices=query_start_loc[1:][sampled_mask] - 1)
+            sampled_mask=sampled_mask, logits_indices=query_start_loc[1:][sampled_mask] - 1,
+            pooled_mask=pooled_mask, query_start_loc=query_start_loc)
 
     def sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
         num_generated = self.num_tokens[rows] - self.num_prompt[rows]

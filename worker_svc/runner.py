@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
 from worker_svc import compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, status
 from worker_svc.attention import build_attention_metadata
+from worker_svc.encoder_attention import build_encoder_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
 from worker_svc.loader import load_model
 from worker_svc.logits_processors import LogitsProcessors
@@ -37,6 +38,8 @@ from worker_svc.model_source import resolve_model
 from worker_svc.models.rotary import max_model_len
 from worker_svc.models.state_layout import StateLayout
 from worker_svc.parallel import TensorParallel, init_process_group
+from worker_svc.pooling import Pooler
+from worker_svc.pooling_config import pooling_info, resolve_task
 from worker_svc.prompt_logprobs import score_prompts
 from worker_svc.request_table import RequestTable, StepInputs
 from worker_svc.runner_config import RunnerConfig
@@ -66,7 +69,7 @@ class ModelRunner:
         config = self.config
         self.tp = TensorParallel(config.tensor_parallel_size, config.rank)
         # Load before joining the group: a model that cannot be sharded fails at once.
-        source = resolve_model(config.model, config.revision, config.download_dir, config.load_format)
+        self.source = source = resolve_model(config.model, config.revision, config.download_dir, config.load_format)
         self.loaded = load_model(source, dtype=config.dtype, device=config.device,
                                  load_format=config.load_format, seed=config.seed, tp=self.tp,
                                  generation_config=config.generation_config, name=config.model)
@@ -75,11 +78,16 @@ class ModelRunner:
         cpu_threads.choose_threads(source, self.device, config.threads)  # before compiling
 
     def _read_model_facts(self) -> None:
-        """What the steps need of the model: its vocabulary, its longest sequence, and its rotary
-        embedding where that takes sequence lengths."""
-        model_config = self.loaded.config
+        """What the steps need of the model: its vocabulary, its longest sequence, its rotary
+        embedding where that takes sequence lengths, and what it pools if it is a pooling model."""
+        config, model_config = self.config, self.loaded.config
         self.vocab_size = model_config["vocab_size"]
-        self.max_model_len = self.config.max_model_len or max_model_len(model_config)
+        self.max_model_len = (config.max_model_len or getattr(self.model, "max_positions", None)
+                              or max_model_len(model_config))
+        self.pooling = pooling_info(resolve_task(config.task, self.source, model_config), self.source,
+                                    model_config, config.pooling_type, config.normalize)
+        self.pooler = Pooler(self.pooling, self.model) if self.pooling is not None else None
+        self.bidirectional = getattr(self.model, "bidirectional", False)  # an encoder (models/bert.py)
         # A rotary embedding whose frequencies depend on a sequence length (models/rotary.py)
         rotary = getattr(self.model, "rotary", None)
         self.rotary = rotary if getattr(rotary, "uses_lengths", False) else None
@@ -95,9 +103,10 @@ class ModelRunner:
             self.num_gpu_blocks = self.tp.min_over_ranks(kv_cache.num_device_blocks(
                 self.spec, self.block_size, self.dtype, self.device, config.kv_cache_gb,
                 config.gpu_memory_utilization), self.device)
-        if self.spec.num_attention_layers == 0 and self.spec.has_state and config.num_gpu_blocks is None:
-            # No KV to hold: blocks become pure bookkeeping (no memory), enough for every slot
-            # to reach max_model_len, so the state-slot cap is what limits the batch.
+        if self.spec.num_attention_layers == 0 and config.num_gpu_blocks is None:
+            # No KV to hold (a state model, an encoder): blocks become pure bookkeeping (no
+            # memory), enough for every state slot (--num-state-slots sequences, for an encoder)
+            # to reach max_model_len, so the state-slot cap, or the step's budget, limits the batch.
             self.num_gpu_blocks = config.num_state_slots * kv_cache.num_blocks_for_tokens(
                 self.max_model_len, self.block_size)
         self.num_cpu_blocks = kv_cache.num_blocks_for_bytes(
@@ -134,7 +143,8 @@ class ModelRunner:
                        f"reuse {compile_cache.root()} (--enforce-eager skips compiling)")
         with torch.inference_mode():
             self.warm_up_s = self.executor.warm_up(self._padding_forward)
-            if self.executor.compiled and self.rotary is None:  # rope lengths: a per-step tensor
+            # rope lengths: a per-step tensor; an encoder has no decodes
+            if self.executor.compiled and self.rotary is None and not self.bidirectional:
                 self.executor.decode_graphs = cuda_graphs.capture_decode_graphs(
                     self.executor.compiled_forward, self.caches, self.device,
                     self.config.max_cudagraph_capture_size, self.max_model_len, self.block_size,
@@ -196,6 +206,7 @@ class ModelRunner:
             raise ValueError(f"{resumed.request_id} resumes at token {resumed.num_computed_tokens}, "
                              "but a state model's requests can only restart from zero")
         if news:
+            self._check_kinds(news)
             self._free([new.request_id for new in news])  # a resumed request replaces whatever we held
         new_rows = self.requests.add(news)
         if self.spec.has_state:
@@ -205,6 +216,16 @@ class ModelRunner:
         self.requests.append_blocks(running_rows, list(map(_new_block_ids, running)))
         query_lens = np.fromiter(map(_num_new_tokens, chain(news, running)), np.int64, len(news) + len(running))
         return self._run(plan.step_id, np.concatenate([new_rows, running_rows]), query_lens)
+
+    def _check_kinds(self, news) -> None:
+        """A pooling model serves pooling requests of its task, a generative model the others:
+        the scheduler sends no other (it reads the hello); this says which was wrong if it did."""
+        task = self.pooling.task if self.pooling is not None else None
+        for new in news:
+            asked = new.pooling.task if new.pooling is not None else None
+            if asked != task:
+                raise ValueError(f"{new.request_id} asks for {asked or 'generation'}, but this worker's model "
+                                 f"serves {task or 'generation'}")
 
     def _run(self, step_id: int, rows: np.ndarray, query_lens: np.ndarray) -> StepResult:
         """rows, query_lens in plan order; the step runs decodes first, results in plan order."""
@@ -227,6 +248,7 @@ class ModelRunner:
                 logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device)
                 tokens, logprobs, errors = self._sample(hidden[logits_indices], rows[sampled], meta)
         prompt_logprobs = self._score_prompts(hidden, rows, query_lens, order)
+        pooled, pooling_errors = self._pool(hidden, inputs, rows, query_lens, order)
         # A request that failed alone (its grammar) reports no token, but its row keeps a
         # placeholder: a plan already in flight for it (async scheduling) still finds the tokens
         # it counts on; the scheduler has ended the request and ignores what that plan gives it.
@@ -238,9 +260,22 @@ class ModelRunner:
             for i, lp in zip(order[sampled].tolist(), logprobs):
                 aligned[i] = lp
             logprobs = aligned
-        request_errors = {int(order[sampled][i]): reason for i, reason in errors.items()}
+        request_errors = {int(order[sampled][i]): reason for i, reason in errors.items()} | pooling_errors
         return StepResult(step_id=step_id, sampled_token_ids=out.tolist(), logprobs=logprobs,
-                          request_errors=request_errors, prompt_logprobs=prompt_logprobs)
+                          request_errors=request_errors, prompt_logprobs=prompt_logprobs, pooled=pooled)
+
+    def _pool(self, hidden: torch.Tensor, inputs: StepInputs, rows: np.ndarray, query_lens: np.ndarray,
+              order: np.ndarray) -> tuple[dict[int, bytes], dict[int, str]]:
+        """The vectors of this step's pooling requests (rank 0 answers) and their errors, keyed
+        by plan index."""
+        if not inputs.pooled_mask.any() or not self.tp.is_driver:
+            return {}, {}
+        pooled_at = np.flatnonzero(inputs.pooled_mask)
+        params = [self.requests.pooling[row] for row in rows[pooled_at].tolist()]
+        vectors, errors = self.pooler.pool(hidden, inputs.query_start_loc[pooled_at], query_lens[pooled_at], params)
+        plan_index = order[pooled_at].tolist()
+        return ({plan_index[j]: vector for j, vector in enumerate(vectors) if vector is not None},
+                {plan_index[j]: reason for j, reason in errors.items()})
 
     def _score_prompts(self, hidden: torch.Tensor, rows: np.ndarray, query_lens: np.ndarray, order: np.ndarray):
         """Prompt logprobs of this step's prompt chunks (rank 0 answers), keyed by plan index."""
@@ -279,7 +314,28 @@ class ModelRunner:
         if self.spec.has_state:
             context.state_layout = StateLayout.build(
                 query_lens, inputs.num_computed_tokens, self.requests.state_slot[rows], self.device)
+        if self.bidirectional:
+            context.encoder_metadata = build_encoder_metadata(query_lens, self.device)
+            context.token_type_ids = self._token_type_ids(inputs, rows, query_lens)
         return context
+
+    def _token_type_ids(self, inputs: StepInputs, rows: np.ndarray, query_lens: np.ndarray) -> torch.Tensor | None:
+        """[T]: each token's segment id (PoolingParams.token_type_ids); None: all zeros."""
+        pooling = self.requests.pooling
+        typed = [i for i, row in enumerate(rows.tolist())
+                 if row in pooling and pooling[row].token_type_ids is not None]
+        if not typed:
+            return None
+        ids = np.zeros(len(inputs.positions), dtype=np.int64)
+        for i in typed:
+            types = pooling[int(rows[i])].token_type_ids
+            if len(types) != query_lens[i]:
+                raise ValueError(f"{len(types)} token_type_ids for a prompt of {query_lens[i]} tokens")
+            if max(types, default=0) >= self.model.type_vocab_size:
+                raise ValueError(f"token_type_ids up to {max(types)}; the model has {self.model.type_vocab_size} types")
+            start = inputs.query_start_loc[i]
+            ids[start:start + len(types)] = types
+        return torch.from_numpy(ids).to(self.device, non_blocking=True)
 
     def _rope_lengths(self, inputs: StepInputs, rows: np.ndarray, query_lens: np.ndarray) -> torch.Tensor:
         """[T]: each token's rope length (models/rotary.py): max(anchor, position + 1), the anchor
@@ -347,7 +403,8 @@ class ModelRunner:
             tokenizer_json=self.loaded.tokenizer_json,
             tensor_parallel_size=self.tp.size, rank=self.tp.rank, group_id=group_id,
             chat_template=self.loaded.chat_template, special_tokens=self.loaded.special_tokens,
-            compiled=self.executor.compiled, sampling_defaults=self.loaded.sampling_defaults)
+            compiled=self.executor.compiled, sampling_defaults=self.loaded.sampling_defaults,
+            pooling=self.pooling)
 
     def stats(self) -> dict[str, int]:
         """Field names of protocol Heartbeat: Heartbeat(worker_id=..., **runner.stats())."""

@@ -4,6 +4,8 @@ import os
 import typing
 from dataclasses import dataclass, fields
 
+from worker_svc.pooling_config import POOLING_TYPES, TASKS
+
 
 @dataclass(frozen=True)
 class RunnerConfig:
@@ -40,6 +42,12 @@ class RunnerConfig:
     # torch's CPU threads in this process; None: one for a model with few weights, else torch's
     # default (cpu_threads.py)
     threads: int | None = None
+    # What the worker serves (pooling_config.py): auto (from the folder), generate, embed or
+    # classify; and a pooling model's overrides of the folder's pooling type (CLS, MEAN, LAST)
+    # and normalisation (None: the folder's, else vLLM's defaults).
+    task: str = "auto"
+    pooling_type: str | None = None
+    normalize: bool | None = None
 
     def __post_init__(self):
         if self.block_size <= 0 or self.num_state_slots < 0 or self.max_cudagraph_capture_size < 0:
@@ -53,16 +61,20 @@ class RunnerConfig:
                              f"{self.tensor_parallel_size})")
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
             raise ValueError(f"generation_config {self.generation_config!r}: 'auto', 'vllm' or a folder")
+        if self.task not in TASKS:
+            raise ValueError(f"task {self.task!r} not in {TASKS}")
+        if self.pooling_type not in (None, *POOLING_TYPES):
+            raise ValueError(f"pooling_type {self.pooling_type!r} not in {POOLING_TYPES}")
         if self.tensor_parallel_size > 1 and not self.dist_init_address:
             raise ValueError("--dist-init-address is required when --tensor-parallel-size > 1")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """--model, --dtype, ... one flag per RunnerConfig field, with its default; a bool field
-    is a switch (--enforce-eager / --no-enforce-eager)."""
+    is a switch (--enforce-eager / --no-enforce-eager; a bool | None field left unset is None)."""
     for f in fields(RunnerConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.type is bool:
+        if f.type in (bool, bool | None):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             continue
         kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))

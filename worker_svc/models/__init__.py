@@ -18,6 +18,11 @@ _ARCHITECTURES = {
     "OPTForCausalLM": ("worker_svc.models.opt", "OPTForCausalLM"),
     "MambaForCausalLM": ("worker_svc.models.mamba", "MambaForCausalLM"),
     "JambaForCausalLM": ("worker_svc.models.jamba", "JambaForCausalLM"),
+    # Causal models without their head: embedders (--task embed) only
+    "LlamaModel": ("worker_svc.models.llama", "LlamaModel"),
+    "MistralModel": ("worker_svc.models.llama", "LlamaModel"),
+    "Qwen2Model": ("worker_svc.models.llama", "LlamaModel"),
+    "Qwen3Model": ("worker_svc.models.llama", "LlamaModel"),
     # Encoders (pooling models: embedders and cross-encoders)
     "BertModel": ("worker_svc.models.bert", "BertModel"),
     "RobertaModel": ("worker_svc.models.bert", "BertModel"),

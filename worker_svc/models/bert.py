@@ -110,7 +110,8 @@ class BertModel(HFModel):
         self.max_positions = config["max_position_embeddings"] - self.position_offset
         self.word_embeddings = Embedding(config["vocab_size"], hidden, dtype)
         self.position_embeddings = Embedding(config["max_position_embeddings"], hidden, dtype)
-        self.token_type_embeddings = Embedding(config.get("type_vocab_size", 2), hidden, dtype)
+        self.type_vocab_size = config.get("type_vocab_size", 2)
+        self.token_type_embeddings = Embedding(self.type_vocab_size, hidden, dtype)
         self.embed_norm = LayerNorm(hidden, config.get("layer_norm_eps", 1e-12), dtype)
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config["num_hidden_layers"]))
 

@@ -92,3 +92,12 @@ class LlamaForCausalLM(CausalLM):
         for layer in self.layers:
             h = layer(h, self.rotary, positions)
         return self.norm(h)
+
+
+class LlamaModel(LlamaForCausalLM):
+    """A Llama-style model saved without its head (Qwen3Model, LlamaModel: how
+    sentence-transformers saves Qwen3-Embedding): an embedder only. Its head is tied to the
+    input embedding, so that it holds no weight of its own; pooling never calls it."""
+
+    def __init__(self, config: dict, dtype: torch.dtype, tp: TensorParallel = TensorParallel()):
+        super().__init__({**config, "tie_word_embeddings": True}, dtype, tp)
