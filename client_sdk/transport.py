@@ -6,8 +6,13 @@ the socket. The same task reads the socket's monitor (connection.py): a refused 
 closed connection fails the live requests at once. With request_timeout_s a second task fails
 the requests not finished in time (deadlines.py). Queries (model info, health) wait for their
 reply type in send order.
+
+Aborts sent in the background (abort_soon) are the transport's own tasks: once the client is
+closed they are not sent at all (the scheduler aborts the requests of a client it cannot reach),
+and a failure to send one is logged once, never left in a task nobody awaits.
 """
 import asyncio
+import logging
 import weakref
 from collections import deque
 from typing import Callable
@@ -27,6 +32,7 @@ from protocol.errors import ErrorCode
 from protocol.limits import MAX_REQUESTS_PER_MESSAGE
 
 Sink = Callable[[WireOutput], None]
+logger = logging.getLogger("stepserve.client")
 
 
 def _release(ctx: zmq.asyncio.Context, sock: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
@@ -65,7 +71,9 @@ class Transport:
         self.sinks: dict[str, Sink] = {}  # a live scheduler request id -> who takes its outputs
         self._queries: dict[type, deque[asyncio.Future]] = {ModelInfo: deque(), Health: deque()}
         self._reader: asyncio.Task | None = None
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()  # aborts on their way (abort_soon)
+        self._closed = False
+        self._abort_failure_logged = False
 
     def start(self) -> None:
         """Raises the refused handshake's error, if any; else starts the reader once."""
@@ -165,16 +173,30 @@ class Transport:
             await self._sock.send(encode(Generate(requests[start:start + MAX_REQUESTS_PER_MESSAGE])))
 
     async def send_abort(self, request_ids: list[str]) -> None:
-        await self._sock.send(encode(Abort(request_ids)))
+        """Nothing to send once the socket is closed: the scheduler aborts what a vanished client
+        asked for."""
+        if not self._sock.closed:
+            await self._sock.send(encode(Abort(request_ids)))
 
     def abort_soon(self, request_ids: list[str]) -> None:
         """An abort that must not wait, nor be lost to a cancellation: from a finally block of a
         cancelled stream (a client that went away), or from the reader (a stop string matched)."""
+        if self._closed:  # close() sends the ones asked for before it, and no later one
+            return
         task = asyncio.get_running_loop().create_task(self.send_abort(request_ids))
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._abort_sent)
+
+    def _abort_sent(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not self._abort_failure_logged:
+            self._abort_failure_logged = True
+            logger.warning("an abort could not be sent to %s (further failures are not logged): %r",
+                           self.address, error)
 
     async def close(self) -> None:
+        self._closed = True
         if self._background:  # the last aborts; a socket that never connected cannot send them
             _, unsent = await asyncio.wait(self._background, timeout=1.0)
             for task in unsent:

@@ -72,13 +72,16 @@ def create_app(upstream: Upstream, api_key: str | None = None, batch_store: Batc
 
     @app.get("/health")
     async def health():
-        """200 while at least one worker is joined, 503 otherwise (or when the scheduler is silent)."""
+        """200 while at least one worker is joined and answering, 503 otherwise (or when the
+        scheduler is silent). A worker silent past --worker-timeout is dropped, and counted in
+        unhealthy_replicas until it rejoins (docs/operations.md)."""
         try:
             h = await upstream.health(max_age_s=0.0)
         except Exception as e:
             return from_sdk_error(e).response()
         body = {"status": "ok" if h.num_workers else "no_worker", "num_workers": h.num_workers,
-                "num_running": h.num_running, "num_waiting": h.num_waiting}
+                "num_running": h.num_running, "num_waiting": h.num_waiting,
+                "unhealthy_replicas": h.unhealthy_replicas}
         return Response(json_response(body).body, status_code=200 if h.num_workers else 503,
                         media_type="application/json")
 

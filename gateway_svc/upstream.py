@@ -36,22 +36,21 @@ class Upstream:
             return self._health
         if self._health_query is None:
             self._health_query = asyncio.ensure_future(self.client.health())
-        query = self._health_query
-        try:
-            health = await asyncio.shield(query)
-        finally:
-            if self._health_query is query and query.done():
-                self._health_query = None
+            self._health_query.add_done_callback(self._health_answered)
+        health = await asyncio.shield(self._health_query)
         self._health, self._health_time = health, time.monotonic()
         return health
 
+    def _health_answered(self, query: asyncio.Future) -> None:
+        """The next caller asks again. The query's failure is its callers' to raise, and is read
+        here in case every caller was cancelled (a client gone), so that none is left unretrieved."""
+        self._health_query = None
+        if not query.cancelled():
+            query.exception()
+
     def queue_state(self) -> QueueState:
         """For /metrics, from the health the handler fetched just before rendering."""
-        h = self._health
-        if h is None:
-            return QueueState()
-        usage = 1.0 - h.num_free_blocks / h.num_total_blocks if h.num_total_blocks else 0.0
-        return QueueState(h.num_running, h.num_waiting + h.num_swapped, usage, h.num_preemptions)
+        return QueueState() if self._health is None else QueueState.of(self._health)
 
     async def model(self) -> ModelInfo:
         info = await self.client.served_model()

@@ -176,6 +176,9 @@ class Health(Message, tag=True):
     num_prefix_cache_hits: int = 0
     instance_id: str = ""  # new on every scheduler start
     draining: bool = False  # stopping: takes no new requests, finishes those it holds
+    # Replicas dropped because their workers fell silent past --worker-timeout, still connected:
+    # not serving until they say hello again (the healthy ones are `replicas`).
+    unhealthy_replicas: list[str] = []
 
 
 ClientToScheduler = Generate | Abort | ModelInfoQuery | HealthQuery

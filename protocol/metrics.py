@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from protocol.client_messages import Health
+
 PREFIX = "stepserve:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # vLLM's buckets.
@@ -30,6 +32,14 @@ class QueueState:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0  # fraction of the KV blocks in use, in [0, 1]
     num_preemptions: int = 0
+    num_replicas_healthy: int = 0  # joined and answering
+    num_replicas_unhealthy: int = 0  # dropped for silence, still connected (Health.unhealthy_replicas)
+
+    @classmethod
+    def of(cls, h: Health) -> "QueueState":
+        usage = 1.0 - h.num_free_blocks / h.num_total_blocks if h.num_total_blocks else 0.0
+        return cls(h.num_running, h.num_waiting + h.num_swapped, usage, h.num_preemptions, len(h.replicas),
+                   len(h.unhealthy_replicas))
 
 
 class _QueueCollector(Collector):
@@ -46,6 +56,11 @@ class _QueueCollector(Collector):
                                 value=state.kv_cache_usage)
         yield CounterMetricFamily(PREFIX + "num_preemptions", "Preemptions since the scheduler started.",
                                   value=state.num_preemptions)
+        yield GaugeMetricFamily(PREFIX + "num_replicas_healthy", "Replicas joined and answering their steps.",
+                                value=state.num_replicas_healthy)
+        yield GaugeMetricFamily(PREFIX + "num_replicas_unhealthy",
+                                "Replicas dropped because their workers fell silent past --worker-timeout, "
+                                "until they rejoin.", value=state.num_replicas_unhealthy)
 
 
 class ServingMetrics:

@@ -146,7 +146,8 @@ class Shutdown(Message, tag=True):
 class HeartbeatReply(Message, tag=True):
     """The answer to every heartbeat, on the heartbeat's own socket. A worker whose heartbeats
     go unanswered knows the scheduler is gone; known=False means this scheduler (a restarted
-    one: a new instance_id) holds no replica for the worker, which then says hello again."""
+    one: a new instance_id, or one that dropped the worker for silence) holds no replica for the
+    worker, which then forgets its requests and says hello again on a new connection."""
 
     instance_id: str
     known: bool

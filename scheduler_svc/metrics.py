@@ -29,8 +29,7 @@ class SchedulerMetrics:
         except Exception:  # read from another thread while the loop changes the replicas: skip a scrape
             logger.debug("metrics snapshot failed", exc_info=True)
             return QueueState()
-        usage = 1.0 - h.num_free_blocks / h.num_total_blocks if h.num_total_blocks else 0.0
-        return QueueState(h.num_running, h.num_waiting + h.num_swapped, usage, h.num_preemptions)
+        return QueueState.of(h)
 
     def serve(self, host: str, port: int) -> int:
         """Starts the HTTP server; returns the bound port (port 0 picks a free one)."""

@@ -4,6 +4,11 @@ A replica is found by its group name, by one of its workers' ids (heartbeats) or
 ranks' connection identities (step results, closed connections). Each Replica holds its own
 ranks, so the lookups ask the replicas instead of keeping mirrors of them in step by hand: a scan
 over the few replicas, never over requests. The model a replica serves is in its hello.
+
+It also remembers the replicas dropped because their workers fell silent (stalled: a stopped
+process, a hung step, swap) while their connections stay open: they are the unhealthy replicas
+of /health and /metrics until their workers say hello again (such a worker rejoins by itself,
+worker_svc/service.py) or their connections close (the process is gone).
 """
 from typing import Iterator
 
@@ -16,6 +21,7 @@ class ReplicaSet:
     def __init__(self, config: SchedulerConfig):
         self._config = config
         self._by_name: dict[str, Replica] = {}
+        self._stalled: dict[str, frozenset[bytes]] = {}  # name -> its ranks' connection identities
 
     def __len__(self) -> int:
         return len(self._by_name)
@@ -40,6 +46,7 @@ class ReplicaSet:
         """The worker's rank joins its replica (new for its first rank). A worker that joined
         before must have been removed first (it restarted: its old state is gone)."""
         name = hello.group_id or hello.worker_id
+        self._stalled.pop(name, None)
         replica = self._by_name.get(name)
         if replica is None:
             replica = self._by_name[name] = Replica(name, hello, self._config)
@@ -52,3 +59,17 @@ class ReplicaSet:
             return False
         del self._by_name[replica.name]
         return True
+
+    def mark_stalled(self, replica: Replica) -> None:
+        """The replica, removed for silence, is unhealthy until it rejoins or its connections close."""
+        self._stalled[replica.name] = frozenset(replica.identities.values())
+
+    def connection_closed(self, identity: bytes) -> None:
+        """A stalled replica whose connection closed is gone, not unhealthy."""
+        name = next((n for n, identities in self._stalled.items() if identity in identities), None)
+        if name is not None:
+            del self._stalled[name]
+
+    @property
+    def stalled_names(self) -> list[str]:
+        return sorted(self._stalled)

@@ -8,7 +8,8 @@ replica's requests go back to the front of `pending`.
 
 Operating it: CurveZMQ and the open-port warning (auth.py), backpressure (admission.py), the
 drain on SIGTERM (drain.py), crashed workers noticed by their closed connection
-(worker_connections.py), and an instance id in every heartbeat reply, so that workers of a
+(worker_connections.py), silent ones dropped after --worker-timeout (the unhealthy replicas of
+/health until they rejoin), and an instance id in every heartbeat reply, so that workers of a
 restarted scheduler say hello again.
 """
 import asyncio
@@ -180,12 +181,15 @@ class SchedulerService:
             now = time.monotonic()
             for replica in list(self.replicas):  # a copy: it drops some
                 if replica.silent_for(now) > self.worker_timeout_s:
-                    logger.warning("worker %s silent for %.1f s: dropped", replica.name, replica.silent_for(now))
+                    logger.warning("worker %s silent for %.1f s: dropped until it says hello again", replica.name,
+                                   replica.silent_for(now))
                     self.drop_replica(replica)
+                    self.replicas.mark_stalled(replica)
 
     async def _closed_workers_loop(self) -> None:
         while True:
             identity = await self.worker_connections.next_closed()
+            self.replicas.connection_closed(identity)
             replica = self.replicas.by_identity(identity)
             if replica is not None:
                 logger.warning("worker %s closed its connection: dropped", replica.name)
@@ -252,6 +256,7 @@ class SchedulerService:
     def _health(self) -> Health:
         h = health(list(self.replicas), len(self.requests.pending), self.requests.book.num_finished)
         h.instance_id, h.draining = self.instance_id, self.admission.draining
+        h.unhealthy_replicas = self.replicas.stalled_names
         return h
 
     # ---- workers -------------------------------------------------------------------
@@ -273,9 +278,8 @@ class SchedulerService:
         if not self.replicas.remove(replica):
             return
         replica.fail()
-        # If it still lives (silent, not dead), it must not keep state we no longer track: a
-        # supervisor (compose's restart policy, a user) restarts it and it joins afresh.
-        self._spawn(self._send_shutdown(replica, "dropped by the scheduler"))
+        # A worker that still lives (silent, not dead) is not told to exit: its heartbeats, once
+        # it answers again, hear that it is unknown, and it forgets every request, then rejoins.
         requeued = replica.core.take_unfinished()
         self.requests.requeue(requeued)
         logger.warning("replica %s dropped; %d requests requeued", replica.name, len(requeued))

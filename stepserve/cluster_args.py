@@ -46,12 +46,15 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="share the KV of common prompt prefixes (default: on for attention models)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="plan each step while the worker runs the one before (default: on)")
+    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                   help="seconds a worker may be silent before its replica is dropped, its requests moved "
+                        "to the others, until it says hello again (default 10; docs/operations.md)")
 
 
 # Which process takes each option of a local cluster: the flag is the option's name with dashes.
 # Options left None take that process's own default; booleans become --name / --no-name.
 _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy",
-                      "enable_prefix_caching", "async_scheduling")
+                      "enable_prefix_caching", "async_scheduling", "worker_timeout")
 _WORKER_OPTIONS = ("revision", "download_dir", "dtype", "load_format", "kv_cache_gb", "max_model_len",
                    "gpu_memory_utilization", "swap_space_gb", "device", "block_size", "enforce_eager",
                    "compile_cache_dir", "generation_config", "max_cudagraph_capture_size")

@@ -38,7 +38,8 @@ SCHEDULER_TO_CLIENT = [
     cm.Health(num_waiting=1, num_running=2, num_swapped=3, num_workers=1, num_free_blocks=4,
               num_total_blocks=5, num_free_state_slots=6, num_total_state_slots=7, steps_per_s=1.5,
               num_steps=8, num_finished=9, worker_kv_blocks_in_use=10, worker_state_slots_in_use=11,
-              num_cached_blocks=12, num_prefix_cache_queries=13, num_prefix_cache_hits=14),
+              num_cached_blocks=12, num_prefix_cache_queries=13, num_prefix_cache_hits=14,
+              unhealthy_replicas=["host/123/abc"]),
 ]
 WORKER_TO_SCHEDULER = [
     wm.WorkerHello(worker_id="w0", model="tiny-llama", device="cpu", dtype="bfloat16", vocab_size=32000,

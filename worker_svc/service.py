@@ -1,10 +1,11 @@
 """The worker process's I/O: connect to the scheduler, say hello, run every plan it sends.
 
-The main thread owns the step socket and the model; a heartbeat thread with its own socket
-reports liveness and memory in use, so a long step does not look like a dead worker. The
-scheduler answers each heartbeat: a scheduler that does not know this worker (it restarted, or
-dropped the worker) gets a new hello, with every request of the old one forgotten first, so the
-worker rejoins without a restart of its own.
+The main thread owns the step link (step_link.py) and the model; a heartbeat thread with its
+own socket reports liveness and memory in use, so a long step does not look like a dead worker.
+The scheduler answers each heartbeat: a scheduler that does not know this worker (it restarted,
+or dropped the worker: a stop, a swap storm, a debugger kept it silent past --worker-timeout)
+gets a new hello on a new link, with every request of the old membership forgotten first, so the
+worker rejoins without a restart of its own and holds no state for requests the scheduler moved.
 
 Stopping (SIGTERM, SIGINT) is a drain: the worker keeps running the plans it is sent, so a
 scheduler that drains too can finish its requests, and leaves when the scheduler says Shutdown,
@@ -16,12 +17,12 @@ import threading
 import time
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from protocol import AuthenticationError, ProtocolError
+from protocol import ProtocolError
 from protocol.codec import encode, scheduler_to_worker_decoder
-from protocol.curve import HANDSHAKE_EVENTS, ConnectingKeys, HandshakeRefusals, secure_connecting_socket
+from protocol.curve import ConnectingKeys, secure_connecting_socket
 from protocol.worker_messages import Heartbeat, HeartbeatReply, Shutdown, StepPlan, StepResult, WorkerHello
+from worker_svc.step_link import StepLink
 
 logger = logging.getLogger("stepserve.worker")
 IDLE_EXIT_S = 1.0  # draining with no plan for this long: nothing is left for this worker
@@ -41,6 +42,8 @@ class WorkerService:
         self._stop = threading.Event()  # the threads end
         self._draining_since: float | None = None
         self._rejoin = threading.Event()  # set by the heartbeat thread
+        self._known = threading.Event()  # the scheduler's last heartbeat reply knew this worker
+        self._retired: list[StepLink] = []  # links of an earlier hello, closed once known again
         self._ctx = zmq.Context()
 
     def _socket(self) -> zmq.Socket:
@@ -51,32 +54,22 @@ class WorkerService:
 
     def serve(self) -> None:
         """Until Shutdown or the end of a drain; AuthenticationError if the scheduler refuses our key."""
-        sock = self._socket()
-        monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
-        refusals = HandshakeRefusals(uses_curve=self.curve_keys is not None)
-        sock.connect(self.scheduler_address)
-        sock.send(encode(self.hello))
+        link = self._open_link()
         beats = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beats.start()
         decoder = scheduler_to_worker_decoder()
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
         last_step = time.monotonic()
         try:
             while not self._drained(last_step):
                 if self._rejoin.is_set():
-                    self._say_hello_again(sock)
-                ready = dict(poller.poll(200))
-                if monitor in ready:
-                    event = parse_monitor_message(monitor.recv_multipart())["event"]
-                    failure = refusals.on_event(event, time.monotonic())
-                    if failure is not None:
-                        raise AuthenticationError(f"{failure} (scheduler at {self.scheduler_address})")
-                if sock not in ready:
+                    link = self._say_hello_again(link)
+                if self._retired and self._known.is_set():
+                    self._close_retired()
+                frame = link.receive(200)
+                if frame is None:
                     continue
                 try:
-                    message = decoder.decode(sock.recv(copy=False).buffer)
+                    message = decoder.decode(frame.buffer)
                 except ProtocolError as e:
                     logger.warning("bad frame from the scheduler: %s", e)
                     continue
@@ -86,15 +79,25 @@ class WorkerService:
                 if isinstance(message, StepPlan):
                     result = self._execute(message)
                     if self.answers:
-                        sock.send(encode(result))
+                        link.sock.send(encode(result))
                     last_step = time.monotonic()
         finally:
             self._stop.set()
             beats.join(timeout=2)
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            sock.close(linger=0)
+            self._close_retired()
+            link.close()
             self._ctx.term()
+
+    def _open_link(self) -> StepLink:
+        """A new step link, with this worker's hello on it."""
+        link = StepLink(self._socket(), self.scheduler_address, uses_curve=self.curve_keys is not None)
+        link.sock.send(encode(self.hello))
+        return link
+
+    def _close_retired(self) -> None:
+        for link in self._retired:
+            link.close()
+        self._retired.clear()
 
     def stop(self) -> None:
         """Begin the drain (a signal handler)."""
@@ -109,16 +112,18 @@ class WorkerService:
         return (now - max(last_step, self._draining_since) > IDLE_EXIT_S
                 or now - self._draining_since > self.drain_timeout_s)
 
-    def _say_hello_again(self, sock: zmq.Socket) -> None:
-        """To a scheduler that holds nothing of us: forget every request first (they are not ours
-        any more; that scheduler never scheduled them), then join as a new worker."""
+    def _say_hello_again(self, link: StepLink) -> StepLink:
+        """To a scheduler that holds nothing of us: forget every request first (that scheduler
+        requeued them elsewhere, or never scheduled them), then join as a new worker on a new link."""
         self._rejoin.clear()
+        self._known.clear()
         held = list(self.runner.requests.row_of)
         if held:
             self.runner.execute(StepPlan(step_id=-1, finished_ids=held, preempted_ids=[], new_requests=[],
                                          running_requests=[]))
-        sock.send(encode(self.hello))
-        logger.info("said hello again (%d requests of the old scheduler forgotten)", len(held))
+        self._retired.append(link)
+        logger.info("saying hello again (%d requests of the old membership forgotten)", len(held))
+        return self._open_link()
 
     def _execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
@@ -157,7 +162,10 @@ class WorkerService:
                     instance_id = reply.instance_id
                 if reply.known:
                     unknown_since = None
-                elif unknown_since is None:
+                    self._known.set()
+                    continue
+                self._known.clear()
+                if unknown_since is None:
                     unknown_since = time.monotonic()  # maybe our hello is just behind this beat
                 elif time.monotonic() - unknown_since > UNKNOWN_FOR_S and not self._rejoin.is_set():
                     logger.warning("scheduler %s does not know this worker: joining again", instance_id)
