@@ -1,5 +1,6 @@
-"""The FastAPI application: routes, the API key, /health, /v1/models and /metrics (the Batch
-API's routes: batch_api)."""
+"""The FastAPI application: routes (generation: completions, chat; pooling: embeddings, score,
+rerank, classify), the API key, /health, /v1/models and /metrics (the Batch API's routes:
+batch_api)."""
 import hmac
 import time
 
@@ -11,10 +12,14 @@ from gateway_svc.batch_api import add_batch_routes
 from gateway_svc.batch_store import BatchStore
 from gateway_svc.body_limit import BodyLimit
 from gateway_svc.chat import chat_completion_job
+from gateway_svc.classify import classify_job
 from gateway_svc.completions import completion_job
 from gateway_svc.disconnects import CountDisconnects
+from gateway_svc.embeddings import embedding_job
 from gateway_svc.errors import APIError, from_sdk_error, install_error_handlers, unavailable
-from gateway_svc.responses import json_response, serve_endpoint
+from gateway_svc.pooling_requests import task_of
+from gateway_svc.responses import json_response, serve_endpoint, serve_pooling
+from gateway_svc.scores import rerank_job, score_job
 from gateway_svc.upstream import Upstream
 from protocol.metrics import CONTENT_TYPE
 
@@ -60,6 +65,24 @@ def create_app(upstream: Upstream, api_key: str | None = None, batch_store: Batc
     async def chat_completions(request: Request):
         return await _as_api_errors(serve_endpoint(request, upstream, chat_completion_job))
 
+    @app.post("/v1/embeddings", dependencies=keyed)
+    async def embeddings(request: Request):
+        return await _as_api_errors(serve_pooling(request, upstream, embedding_job))
+
+    @app.post("/v1/score", dependencies=keyed)
+    async def score(request: Request):
+        return await _as_api_errors(serve_pooling(request, upstream, score_job))
+
+    @app.post("/v1/classify", dependencies=keyed)
+    async def classify(request: Request):
+        return await _as_api_errors(serve_pooling(request, upstream, classify_job))
+
+    async def rerank(request: Request):
+        return await _as_api_errors(serve_pooling(request, upstream, rerank_job))
+
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):  # vLLM serves Cohere's paths too
+        app.add_api_route(path, rerank, methods=["POST"], dependencies=keyed)
+
     @app.get("/v1/models", dependencies=keyed)
     async def models():
         info = await upstream.client.served_model()
@@ -67,7 +90,8 @@ def create_app(upstream: Upstream, api_key: str | None = None, batch_store: Batc
             raise unavailable("no worker has joined the scheduler yet, so the model is not known", "no_worker")
         card = {"id": upstream.served_model_name or info.model, "object": "model", "created": started,
                 "owned_by": "stepserve", "root": info.model, "max_model_len": info.max_model_len or None,
-                "vocab_size": info.vocab_size or None}  # stepserve's extra: benchmarks draw token ids
+                "vocab_size": info.vocab_size or None,  # stepserve's extras: benchmarks draw token ids,
+                "task": task_of(info)}  # and what the model does: generate, embed or classify
         return json_response({"object": "list", "data": [card]})
 
     @app.get("/health")

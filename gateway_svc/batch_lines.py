@@ -1,16 +1,17 @@
 """One line of an OpenAI batch file: read into a request for one of the gateway's endpoints, and
 the output line for its outcome, in OpenAI's batch output format.
 
-Input: {"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions", "body"}.
+Input: {"custom_id", "method": "POST", "url", "body"}, url one of ENDPOINTS: /v1/completions,
+/v1/chat/completions, and for a pooling model /v1/embeddings, /v1/score, /v1/rerank, /v1/classify.
 Output: {"id", "custom_id", "response", "error"}. A request the endpoint answers has its
 `response` {"status_code", "request_id", "body"}, the body exactly as the HTTP endpoint would
 send it (the same parsing, checks and formatter: completions.completion_job,
-chat.chat_completion_job); one it refuses gets the endpoint's error as that body and the same
-error in `error`. A line that is not a request at all (not JSON, no valid custom_id, a custom_id
-seen before, an unknown url or, in a Batch API batch, a url other than the batch's endpoint)
-has no response and its `error` names the line, as OpenAI's
-batch errors do ({"code", "message", "line"}); that line number is also what a resumed job
-matches it by.
+chat.chat_completion_job, embeddings.embedding_job, ...); one it refuses gets the endpoint's
+error as that body and the same error in `error`. A line that is not a request at all (not
+JSON, no valid custom_id, a custom_id seen before, an unknown url or, in a Batch API batch, a
+url other than the batch's endpoint) has no response and its `error` names the line, as
+OpenAI's batch errors do ({"code", "message", "line"}); that line number is also what a
+resumed job matches it by.
 """
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +19,19 @@ from typing import Any
 import msgspec
 
 from gateway_svc.chat import chat_completion_job
+from gateway_svc.classify import classify_job
 from gateway_svc.completions import completion_job
+from gateway_svc.embeddings import embedding_job
 from gateway_svc.errors import APIError
 from gateway_svc.ids import new_id
+from gateway_svc.scores import rerank_job, score_job
 
 # OpenAI documents no bound; this one keeps every custom_id cheap to hold and to look up.
 MAX_CUSTOM_ID_LEN = 512
-ENDPOINTS = {"/v1/completions": completion_job, "/v1/chat/completions": chat_completion_job}
+# url -> what checks a line's body: a (Job, Formatter) to generate, or a PoolingJob.
+ENDPOINTS = {"/v1/completions": completion_job, "/v1/chat/completions": chat_completion_job,
+             "/v1/embeddings": embedding_job, "/v1/score": score_job, "/v1/rerank": rerank_job,
+             "/v1/classify": classify_job}
 _decoder = msgspec.json.Decoder()
 
 

@@ -3,7 +3,8 @@ outcome, as an output line, to a writer as soon as it is known. The one engine o
 `stepserve run-batch` and of the gateway's Batch API (/v1/batches).
 
 Lines are read one at a time and at most `window` requests are in flight (the SDK's
-generate_iter_items), so memory holds the window, never the file; the ids it must remember
+generate_iter_items; pooling lines, which end after one step: batch_pooling), so memory holds
+the window, never the file; the ids it must remember
 live in SQLite (batch_ids). A line already in the output (a resumed job) is skipped; a bad
 line becomes an error line and the job goes on. Batch requests run at `min_priority` or
 lower (vLLM's convention: a larger value is served later), so interactive requests
@@ -22,10 +23,11 @@ from client_sdk.outputs import RequestOutput
 from gateway_svc.batch_ids import BatchIds
 from gateway_svc.batch_lines import (ENDPOINTS, LineError, custom_id_of, done_key, line_error_output,
                                      refused_output, request_of, response_output)
+from gateway_svc.batch_pooling import PoolingLines
 from gateway_svc.choices import GatheredChoice
 from gateway_svc.errors import APIError, from_sdk_error
 from gateway_svc.ids import new_id
-from gateway_svc.responses import Formatter, Job
+from gateway_svc.responses import Formatter, Job, PoolingJob
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import BATCH_PRIORITY
 
@@ -73,6 +75,7 @@ class BatchRunner:
         self._ids = BatchIds()
         self._items: dict[int, tuple[_LineInFlight, int]] = {}  # the SDK's item index -> its line, prompt
         self._num_items = 0
+        self._pooling = PoolingLines(window, self._pooling_answered, self._pooling_refused)
 
     def mark_done(self, output: dict) -> None:
         """An output line from before (a resumed job): its line is not run again."""
@@ -91,7 +94,9 @@ class BatchRunner:
                     line.num_open -= 1
                     if line.num_open == 0:
                         self._finish(line)
+            await self._pooling.wait()
         finally:
+            await self._pooling.cancel()
             self._ids.close()
         return self.counts
 
@@ -111,7 +116,8 @@ class BatchRunner:
                 yield prompt_ids, params, max(line.job.priority, self._min_priority)
 
     async def _read(self, raw: bytes, line_no: int) -> _LineInFlight | None:
-        """The line as a request to run, or None: done before, or bad (its error line written)."""
+        """The line as a request to generate, or None: done before, bad (its error line written)
+        or a pooling line (started: batch_pooling)."""
         custom_id = None
         try:
             obj, custom_id = custom_id_of(raw, line_no)
@@ -129,10 +135,14 @@ class BatchRunner:
             self._emit(line_error_output(line_no, e), ok=False)
             return None
         try:
-            job, formatter = await ENDPOINTS[batch_line.url](_encoder.encode(batch_line.body), self.upstream)
+            made = await ENDPOINTS[batch_line.url](_encoder.encode(batch_line.body), self.upstream)
         except APIError as e:
             self._emit(refused_output(custom_id, new_id("req-"), e), ok=False)
             return None
+        if isinstance(made, PoolingJob):
+            await self._pooling.start(custom_id, made, max(made.priority, self._min_priority))
+            return None
+        job, formatter = made
         job.stream = False  # a batch line's answer is one body
         return _LineInFlight(custom_id, job, formatter, [None] * len(job.prompts), len(job.prompts))
 
@@ -153,6 +163,13 @@ class BatchRunner:
         self.counts.num_prompt_tokens += usage["prompt_tokens"]
         self.counts.num_completion_tokens += usage["completion_tokens"]
         self._emit(response_output(line.custom_id, job.request_id, line.formatter.body(job, choices, usage)), ok=True)
+
+    def _pooling_answered(self, custom_id: str, job: PoolingJob, body: dict) -> None:
+        self.counts.num_prompt_tokens += body["usage"].get("prompt_tokens", body["usage"]["total_tokens"])
+        self._emit(response_output(custom_id, job.request_id, body), ok=True)
+
+    def _pooling_refused(self, custom_id: str, job: PoolingJob, error: APIError) -> None:
+        self._emit(refused_output(custom_id, job.request_id, error), ok=False)
 
     def _emit(self, output: dict, ok: bool) -> None:
         self._write(output)

@@ -76,7 +76,7 @@ def _starts_in_reasoning(parsing: ChatParsing, req: ChatCompletionRequest) -> bo
 async def chat_completion_job(body: bytes, upstream: Upstream) -> tuple[Job, ChatFormatter]:
     """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
     a batch line (gateway_svc.batch_lines) both run it."""
-    req, info = await checked_request(body, ChatCompletionRequest, upstream)
+    req, info = await checked_request(body, ChatCompletionRequest, upstream, "/v1/chat/completions")
     if not req.messages:
         raise bad_request("messages must not be empty", param="messages")
     check_depth(req.messages, "messages")

@@ -11,29 +11,31 @@ from gateway_svc.responses import Formatter, Job, check_token_ids, max_tokens_fo
 from gateway_svc.upstream import Upstream
 
 
-def _token_ids(prompt: list, max_len: int) -> bool:
+def _token_ids(prompt: list, max_len: int, room: int, param: str) -> bool:
     """Whether prompt is a list of token ids; refused as too long (before its ids are looked at,
-    which takes a while for millions) when it has max_len or more."""
+    which takes a while for millions) when it leaves fewer than `room` of max_len's positions."""
     if not prompt or not isinstance(prompt[0], int):
         return False
-    if len(prompt) >= max_len:
+    if len(prompt) > max_len - room:
+        reason = "which leaves no room to generate" if room else "more than that"
         raise bad_request(f"This model's maximum context length is {max_len} tokens; a prompt has {len(prompt)}, "
-                          "which leaves no room to generate.", "prompt_too_long", param="prompt")
+                          f"{reason}.", "prompt_too_long", param=param)
     return all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
 
 
-def prompt_list(prompt, max_len: int) -> list[str | list[int]]:
-    """OpenAI's four prompt forms -> a list of prompts, each text or token ids (fewer than max_len)."""
+def prompt_list(prompt, max_len: int, room: int = 1, param: str = "prompt") -> list[str | list[int]]:
+    """OpenAI's four prompt forms -> a list of prompts, each text or token ids (at most
+    max_len - room of them: room 1 to generate, 0 for a pooling model). param: the field's name."""
     if isinstance(prompt, str):
         return [prompt]
     if prompt and all(isinstance(p, str) for p in prompt):
         return list(prompt)
-    if _token_ids(prompt, max_len):
+    if _token_ids(prompt, max_len, room, param):
         return [list(prompt)]
-    if prompt and all(isinstance(p, list) and _token_ids(p, max_len) for p in prompt):
+    if prompt and all(isinstance(p, list) and _token_ids(p, max_len, room, param) for p in prompt):
         return [list(p) for p in prompt]
-    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of lists of "
-                      "token ids, and not empty", param="prompt")
+    raise bad_request(f"{param} must be a string, a list of strings, a list of token ids or a list of lists of "
+                      "token ids, and not empty", param=param)
 
 
 class CompletionFormatter(Formatter):
@@ -103,7 +105,7 @@ class CompletionFormatter(Formatter):
 async def completion_job(body: bytes, upstream: Upstream) -> tuple[Job, CompletionFormatter]:
     """The request parsed and checked (an APIError when it is refused), as the HTTP endpoint and
     a batch line (gateway_svc.batch_lines) both run it."""
-    req, info = await checked_request(body, CompletionRequest, upstream)
+    req, info = await checked_request(body, CompletionRequest, upstream, "/v1/completions")
     prompts = prompt_list(req.prompt, info.max_model_len)
     upstream.limits.check_num_prompts(len(prompts))
     codec = await upstream.client.text_codec(required=False)

@@ -10,6 +10,7 @@ import msgspec
 
 from client_sdk.model_defaults import with_model_defaults
 from gateway_svc.errors import bad_request
+from gateway_svc.pooling_requests import require_task
 from protocol.client_messages import ModelInfo
 from protocol.sampling import SamplingParams
 
@@ -88,16 +89,19 @@ def decode_body(body: bytes, kind: type):
         raise bad_request("the body nests lists and objects too deeply to parse") from None
 
 
-async def checked_request(body: bytes, kind: type, upstream: "Upstream") -> tuple[Any, ModelInfo]:
-    """The body decoded as `kind`, naming a model this gateway serves, with the fields stepserve
-    cannot honour refused: the head every endpoint and batch line shares."""
+async def checked_request(body: bytes, kind: type, upstream: "Upstream", endpoint: str,
+                          tasks: tuple[str, ...] = ("generate",)) -> tuple[Any, ModelInfo]:
+    """The body decoded as `kind`, naming a model this gateway serves that does one of `tasks`
+    (pooling_requests.require_task), with the fields stepserve cannot honour refused: the head
+    every endpoint and batch line shares."""
     req = decode_body(body, kind)
     info = await upstream.check_model(req.model)
+    require_task(info, upstream.name_of(info), endpoint, tasks)
     refuse_unsupported(req)
     return req, info
 
 
-def refuse_unsupported(req: _SamplingFields) -> None:
+def refuse_unsupported(req) -> None:
     if isinstance(req, CompletionRequest):
         if req.echo and req.stream:
             raise bad_request("echo is not supported with stream", param="echo")

@@ -7,7 +7,7 @@ and chat differ only in the shape of their chunks and bodies).
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -21,6 +21,7 @@ from gateway_svc.disconnects import Disconnects
 from gateway_svc.errors import APIError, bad_request, from_sdk_error
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import ModelInfo
+from protocol.metrics import RequestTimer
 from protocol.sampling import SamplingParams
 
 _encoder = msgspec.json.Encoder()
@@ -56,6 +57,16 @@ class Job:
                 "total_tokens": num_prompt_tokens + num_completion_tokens}
 
 
+@dataclass
+class PoolingJob:
+    """A pooling endpoint's request (/v1/embeddings, /v1/score, /v1/rerank, /v1/classify),
+    checked: `answer(priority)` runs it whole and returns the response body. One call, no
+    stream: its prompts end after one step each."""
+    request_id: str
+    priority: int
+    answer: Callable[[int], Awaitable[dict]]
+
+
 class Formatter:
     """What an endpoint's bodies look like."""
 
@@ -88,11 +99,11 @@ def max_tokens_for(info: ModelInfo, prompt_len: int, requested: int | None) -> i
     return requested
 
 
-def check_token_ids(info: ModelInfo, ids: list[int]) -> None:
+def check_token_ids(info: ModelInfo, ids: list[int], param: str = "prompt") -> None:
     if not ids:
-        raise bad_request("the prompt is empty", param="prompt")
+        raise bad_request(f"the {param} is empty", param=param)
     if min(ids) < 0 or max(ids) >= info.vocab_size:
-        raise bad_request(f"prompt token ids must be in [0, {info.vocab_size})", param="prompt")
+        raise bad_request(f"{param} token ids must be in [0, {info.vocab_size})", param=param)
 
 
 async def serve_endpoint(request: Request, upstream: Upstream, make_job) -> Response:
@@ -100,6 +111,24 @@ async def serve_endpoint(request: Request, upstream: Upstream, make_job) -> Resp
     chat.chat_completion_job; a batch line goes through the same), then served."""
     job, fmt = await make_job(await request.body(), upstream)
     return await serve(request, upstream, job, fmt)
+
+
+async def serve_pooling(request: Request, upstream: Upstream, make_job) -> Response:
+    """One HTTP request of a pooling endpoint: checked by make_job (embeddings.embedding_job,
+    scores.score_job, ...; a batch line goes through the same), admitted, answered whole."""
+    job = await make_job(await request.body(), upstream)
+    await upstream.admit()
+    timer = RequestTimer(upstream.metrics)
+    try:
+        body = await _unless_disconnected(request, job.answer(job.priority))
+    except (APIError, ClientDisconnect):
+        raise
+    except Exception as e:
+        raise from_sdk_error(e) from None
+    finally:
+        upstream.release()
+    timer.on_finish("stop", body["usage"].get("prompt_tokens", body["usage"]["total_tokens"]))
+    return json_response(body)
 
 
 async def serve(request: Request, upstream: Upstream, job: Job, fmt: Formatter) -> Response:

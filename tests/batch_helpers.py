@@ -44,7 +44,7 @@ def _bad_line(kind: str, i: int) -> str:
     if kind == "not_json":
         return '{"custom_id": "req-' + str(i) + '", "body": '
     if kind == "invalid_url":
-        line["url"] = "/v1/embeddings"
+        line["url"] = "/v1/images/generations"
     elif kind == "duplicate_custom_id":
         line["custom_id"] = "req-0"
     elif kind == "invalid_params":
