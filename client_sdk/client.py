@@ -9,6 +9,7 @@ Every call shares the model info and the tokenizer the client caches, so the cal
 of one class; what needs neither lives beside it (batch.py, batch_inputs.py, choice.py).
 """
 import asyncio
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
@@ -262,9 +263,12 @@ class AsyncClient(PoolingCalls):
             window = min(len(prompts), SMALL_BATCH) if hasattr(prompts, "__len__") else SMALL_BATCH
         items = prompt_items(prompts, per_prompt(params, (SamplingParams, PoolingParams)), per_prompt(priority, int),
                              iter(request_ids) if request_ids is not None else None)
-        async for index, output in self.generate_iter_items(
-                items, window=window, progress=progress, total=len(prompts) if hasattr(prompts, "__len__") else None):
-            yield index, output
+        # Closed with this generator, so that an early end aborts what is in flight at once.
+        async with contextlib.aclosing(self.generate_iter_items(
+                items, window=window, progress=progress,
+                total=len(prompts) if hasattr(prompts, "__len__") else None)) as outputs:
+            async for index, output in outputs:
+                yield index, output
 
     async def generate_iter_items(self, items: Iterable[tuple] | AsyncIterable[tuple], *, window: int = SMALL_BATCH,
                                   progress: bool = False, total: int | None = None

@@ -57,7 +57,7 @@ _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "s
                       "enable_prefix_caching", "async_scheduling", "worker_timeout")
 _WORKER_OPTIONS = ("revision", "download_dir", "dtype", "load_format", "kv_cache_gb", "max_model_len",
                    "gpu_memory_utilization", "swap_space_gb", "device", "block_size", "enforce_eager",
-                   "compile_cache_dir", "generation_config", "max_cudagraph_capture_size")
+                   "compile_cache_dir", "generation_config", "max_cudagraph_capture_size", "task")
 
 
 def child_args(**options) -> tuple[list[str], list[str]]:

@@ -4,6 +4,8 @@ Code written for vLLM's LLM runs unchanged: `LLM(model, tensor_parallel_size=...
 data_parallel_size=..., dtype=..., max_model_len=..., gpu_memory_utilization=..., seed=...)`,
 `generate(prompts, sampling_params)` with one SamplingParams or one per prompt, returning
 RequestOutput objects (`outputs[0].outputs[0].text`), and `chat(messages, sampling_params)`.
+A pooling model (`LLM(model, task="embed")`, or a folder whose kind says so) answers `embed`,
+`classify` and `score` as vLLM's does.
 """
 import itertools
 import os
@@ -12,8 +14,10 @@ import random
 import msgspec
 
 from client_sdk.outputs import RequestOutput
+from client_sdk.pooling_outputs import ClassificationRequestOutput, EmbeddingRequestOutput, ScoringRequestOutput
 from client_sdk.sync_client import Client
 from protocol.curve import KEYS_DIR_ENV, SERVER_KEY_ENV
+from protocol.pooling import PoolingParams
 from protocol.sampling import SamplingParams
 from stepserve.cluster_args import child_args
 from stepserve.launcher import LocalCluster
@@ -31,13 +35,18 @@ class LLM:
     seed: like vLLM's, makes sampling reproducible run to run: each request without a seed
     of its own gets one drawn from it.
 
+    task: "auto" (from the folder: a BERT / XLM-RoBERTa / sentence-transformers folder embeds, a
+    ...ForSequenceClassification classifies, anything else generates), "generate", "embed" (a
+    causal model too: last-token pooling, as Qwen3-Embedding) or "classify": the workers' --task.
+
     curve_server_key / curve_secret_key (or their environment variables, or $STEPSERVE_CURVE_KEYS):
     CurveZMQ on every link of the local cluster, with the keys of `stepserve keys generate DIR`
     (the server key DIR/scheduler.key: the scheduler, the workers and the authorized keys are
     taken from the same DIR). Its processes die with this one, however it ends.
     """
 
-    def __init__(self, model: str = "tiny-llama", *, revision: str | None = None, download_dir: str | None = None,
+    def __init__(self, model: str = "tiny-llama", *, task: str = "auto", revision: str | None = None,
+                 download_dir: str | None = None,
                  tensor_parallel_size: int = 1, data_parallel_size: int | None = None, dtype: str | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float | None = None,
                  seed: int | None = None, swap_space: float | None = None, device: str | None = None,
@@ -50,7 +59,8 @@ class LLM:
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
                  curve_server_key: str | None = None, curve_secret_key: str | None = None):
         own_scheduler_args, own_worker_args = child_args(
-            revision=revision, download_dir=download_dir, dtype=dtype, load_format=load_format,
+            task=task if task != "auto" else None, revision=revision, download_dir=download_dir, dtype=dtype,
+            load_format=load_format,
             kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, swap_space_gb=swap_space, device=device,
             block_size=block_size, enforce_eager=enforce_eager, compile_cache_dir=compile_cache_dir,
@@ -120,6 +130,26 @@ class LLM:
                                                    **(chat_template_kwargs or {})) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def embed(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
+              use_tqdm: bool = True, window: int | None = None, priority: int = 0) -> list[EmbeddingRequestOutput]:
+        """One EmbeddingRequestOutput per prompt (prompts as generate's), in order
+        (`outputs[0].outputs.embedding`); RequestError for the first that failed."""
+        return self.client.embed(_prompt_list(prompts), pooling_params=pooling_params, progress=use_tqdm,
+                                 window=window, priority=priority)
+
+    def classify(self, prompts, pooling_params: PoolingParams | list[PoolingParams] | None = None, *,
+                 use_tqdm: bool = True, window: int | None = None, priority: int = 0
+                 ) -> list[ClassificationRequestOutput]:
+        """One ClassificationRequestOutput per prompt, in order (`outputs[0].outputs.probs`)."""
+        return self.client.classify(_prompt_list(prompts), pooling_params=pooling_params, progress=use_tqdm,
+                                    window=window, priority=priority)
+
+    def score(self, text_1: str | list[str], text_2: str | list[str], *, use_tqdm: bool = True,
+              window: int | None = None, priority: int = 0) -> list[ScoringRequestOutput]:
+        """vLLM's: one text_1 against each text_2, or pairwise for lists of equal length
+        (`outputs[0].outputs.score`); a cross-encoder's probability, or an embedder's cosine."""
+        return self.client.score(text_1, text_2, progress=use_tqdm, window=window, priority=priority)
+
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate uses when given no sampling_params: the model folder's
         generation_config.json defaults (none with generation_config="vllm"), as vLLM's LLM."""
@@ -159,6 +189,10 @@ class LLM:
 def _is_one_prompt(prompts) -> bool:
     return isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
                                                  and isinstance(prompts[0], int))
+
+
+def _prompt_list(prompts) -> list:
+    return [_prompt_of(p) for p in ([prompts] if _is_one_prompt(prompts) else prompts)]
 
 
 def _prompt_of(prompt):
