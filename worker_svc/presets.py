@@ -4,7 +4,8 @@ They let every test, benchmark and demo run with no download. `tiny-llama` is th
 peer figures in DESIGN.md were measured on; `opt-125m` is facebook/opt-125m's shape; `tiny-qwen3`
 is tiny-llama's size with Qwen3's traits (q/k norms, grouped-query attention, a head_dim of 128
 that is not hidden / heads, tied embeddings); `tiny-mixtral` is tiny-llama with a mixture of experts;
-`qwen3-0.6b` is Qwen/Qwen3-0.6B's shape, the real-size model benchmarks name;
+`qwen3-0.6b` and `llama-3.2-1b` are Qwen/Qwen3-0.6B's and meta-llama/Llama-3.2-1B's shapes (the
+latter with its llama3 rope scaling and tied embeddings), the real-size models benchmarks name;
 `all-minilm-l6-v2` and `bge-small` are the encoder embedders sentence-transformers/all-MiniLM-L6-v2
 and BAAI/bge-small-en-v1.5 (their configs; PRESET_POOLING: their sentence-transformers pooling).
 """
@@ -32,6 +33,14 @@ def _qwen3(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, nu
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": head_dim,
         "rope_theta": 1_000_000.0, "tie_word_embeddings": True,
     }
+
+
+def _llama3_2(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+              max_positions) -> dict:
+    return {**_llama(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, max_positions),
+            "rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "tie_word_embeddings": True,
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
 
 
 def _mixtral(vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
@@ -69,6 +78,7 @@ PRESETS: dict[str, dict] = {
     "micro-llama": _llama(1000, 128, 256, 2, 2, 2, 512),
     "tiny-qwen3": _qwen3(32000, 256, 688, 4, 4, 2, 128, 2048),
     "qwen3-0.6b": _qwen3(151936, 1024, 3072, 28, 16, 8, 128, 40960),
+    "llama-3.2-1b": _llama3_2(128256, 2048, 8192, 16, 32, 8, 131072),
     # tiny-llama's shape with 8 experts of its MLP per layer, 2 per token (Mixtral's ratio),
     # and grouped-query attention (4 heads over 2 KV heads).
     "tiny-mixtral": _mixtral(32000, 256, 688, 4, 4, 2, 8, 2, 2048),

@@ -12,7 +12,7 @@ def test_each_threshold_falls_between_the_models_it_was_measured_on():
 
 def test_the_small_presets_run_on_one_thread_and_the_others_on_every_core():
     small = {"micro-llama", "tiny-opt", "tiny-mamba", "tiny-jamba"}
-    large = {"tiny-llama", "tiny-qwen3", "tiny-mixtral", "opt-125m", "qwen3-0.6b"}
+    large = {"tiny-llama", "tiny-qwen3", "tiny-mixtral", "opt-125m", "qwen3-0.6b", "llama-3.2-1b"}
     assert all(weight_bytes(name) < ONE_THREAD_BELOW_BYTES for name in small)
     assert all(weight_bytes(name) >= ONE_THREAD_BELOW_BYTES for name in large)
 
