@@ -98,6 +98,7 @@ class Replica:
         for future in self.answers.values():
             if not future.done():
                 future.set_exception(WorkerLost(self.name))
+                future.exception()  # marked retrieved: the step loop awaits the oldest step's alone, then ends
         self.answers.clear()
 
     def step_timing(self) -> tuple[float, float]:
