@@ -18,6 +18,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name; "
                         "default: one per core for a small model on a CPU, else 1)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="worker processes per replica")
+    p.add_argument("--task", default=None, choices=("auto", "generate", "embed", "classify"),
+                   help="what the model does (default auto: an encoder or sentence-transformers folder embeds, a "
+                        "...ForSequenceClassification folder classifies, the rest generate; docs/pooling.md)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--load-format", default=None, help="auto | dummy")
     p.add_argument("--kv-cache-gb", type=float, default=None)
