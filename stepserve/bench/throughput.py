@@ -25,7 +25,6 @@ import numpy as np
 
 from client_sdk.client import AsyncClient
 from protocol.sampling import SamplingParams
-from stepserve.bench.model_flops import limit_requests_per_second, model_config
 from stepserve.cluster_args import service_address
 
 
@@ -147,6 +146,9 @@ async def sample_step_timing(client: AsyncClient, batch: asyncio.Future) -> tupl
 
 
 def gemm_fraction(result: dict, args: argparse.Namespace) -> float:
+    # Here, not at the top: the count reads preset configs from worker_svc, which a client-only
+    # install of the CLI does not import.
+    from stepserve.bench.model_flops import limit_requests_per_second, model_config
     with open(args.gemm_limit) as f:
         rates = json.load(f)
     limit = limit_requests_per_second(model_config(args.model), rates, args.input_len + args.prefix_len,
