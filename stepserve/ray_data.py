@@ -12,7 +12,9 @@ workers, as `LLM` does) or, with `address=`, connects to a running service. A ro
 `prompt` (text), `prompt_token_ids` or chat `messages`, and optionally `sampling_params` (a
 dict over the config's); it gains `generated_text`, `generated_token_ids`, `num_input_tokens`,
 `num_generated_tokens`, `finish_reason` and `error` (None, or "code: message" for a row that
-failed alone: the job goes on).
+failed alone: the job goes on). With an embedding model (engine_kwargs={"task": "embed"}, or a
+BERT folder) a row's `prompt` or `prompt_token_ids` gains `embedding` (a list of floats),
+`num_input_tokens` and `error` instead.
 
 Ray is imported only here, and only when this module is: `import client_sdk` never pulls it in.
 """
@@ -31,6 +33,7 @@ from stepserve.launcher import LocalCluster
 
 OUTPUT_COLUMNS = ("generated_text", "generated_token_ids", "num_input_tokens", "num_generated_tokens",
                   "finish_reason", "error")
+EMBEDDING_COLUMNS = ("embedding", "num_input_tokens", "error")
 
 
 @dataclass
@@ -115,23 +118,25 @@ class StepserveBatchUDF:
             await self._client.wait_for_workers(1, timeout_s=self.config.startup_timeout_s)
         num_rows = len(next(iter(batch.values()))) if batch else 0
         rows = [{name: column[i] for name, column in batch.items()} for i in range(num_rows)]
+        info = await self._client.served_model()
+        embeds = info.pooling is not None and info.pooling.task == "embed"
         results: list[dict] = [{}] * num_rows
         to_send, sent_index = [], []
         for i, row in enumerate(rows):
             try:
-                to_send.append((await self._prompt_of(row), self._params_of(row)))
+                if embeds and not _given(row.get("prompt_token_ids")) and not _given(row.get("prompt")):
+                    raise ValueError("an embedding row needs 'prompt' or 'prompt_token_ids'")
+                to_send.append((await self._prompt_of(row), None if embeds else self._params_of(row)))
                 sent_index.append(i)
             except (ValueError, TypeError, ChatTemplateError) as e:  # this row alone fails
-                results[i] = _failed("invalid_row", str(e))
+                results[i] = _failed("invalid_row", str(e), embeds)
         if to_send:
             prompts, params = zip(*to_send)
-            async for j, output in self._client.generate_iter(list(prompts), list(params), window=len(prompts)):
-                results[sent_index[j]] = _columns_of(output)
-        out = {name: column for name, column in batch.items() if name not in OUTPUT_COLUMNS}
-        for name in OUTPUT_COLUMNS:
-            values = [r[name] for r in results]
-            out[name] = np.array(values, dtype=np.int64) if name.startswith("num_") else _column(values)
-        return out
+            outputs = (self._client.embed_iter(list(prompts), window=len(prompts)) if embeds
+                       else self._client.generate_iter(list(prompts), list(params), window=len(prompts)))
+            async for j, output in outputs:
+                results[sent_index[j]] = _embedding_columns_of(output) if embeds else _columns_of(output)
+        return _with_columns(batch, EMBEDDING_COLUMNS if embeds else OUTPUT_COLUMNS, results)
 
     async def _prompt_of(self, row: dict):
         if _given(row.get("prompt_token_ids")):
@@ -175,9 +180,26 @@ def _columns_of(output) -> dict:
             "finish_reason": choice.finish_reason, "error": error}
 
 
-def _failed(code: str, message: str) -> dict:
+def _embedding_columns_of(output) -> dict:
+    if output.error_code is not None:
+        return _failed(output.error_code, output.error_message or "", embeds=True)
+    return {"embedding": output.outputs.embedding, "num_input_tokens": len(output.prompt_token_ids), "error": None}
+
+
+def _failed(code: str, message: str, embeds: bool = False) -> dict:
+    if embeds:
+        return {"embedding": None, "num_input_tokens": 0, "error": f"{code}: {message}"}
     return {"generated_text": None, "generated_token_ids": [], "num_input_tokens": 0, "num_generated_tokens": 0,
             "finish_reason": "error", "error": f"{code}: {message}"}
+
+
+def _with_columns(batch: dict[str, np.ndarray], names: tuple[str, ...], results: list[dict]) -> dict[str, np.ndarray]:
+    """The batch's own columns and the results' (in the rows' order)."""
+    out = {name: column for name, column in batch.items() if name not in names}
+    for name in names:
+        values = [r[name] for r in results]
+        out[name] = np.array(values, dtype=np.int64) if name.startswith("num_") else _column(values)
+    return out
 
 
 def _column(values: list) -> np.ndarray:

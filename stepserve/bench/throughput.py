@@ -9,6 +9,9 @@ The sampling flags are vLLM's: --temperature (default 0, greedy), --top-p, --top
 a temperature, --seed also seeds each request's sampling (seed + its index), so a sampled run
 repeats token for token.
 
+A pooling model (`--task embed`, or a BERT folder on --task auto) is measured the same way with
+the SDK's embed(): --input-len ids per prompt, no output tokens (measure_embed).
+
 --prefix-len N puts one shared prefix of N random tokens before every prompt's own --input-len
 tokens (a system prompt, few-shot examples), the workload prefix caching is for. The warm-up
 prompts are drawn apart from the timed ones, so the cache starts cold for the timed prompts.
@@ -24,6 +27,7 @@ import msgspec
 import numpy as np
 
 from client_sdk.client import AsyncClient
+from protocol.client_messages import ModelInfo
 from protocol.sampling import SamplingParams
 from stepserve.cluster_args import service_address
 
@@ -80,9 +84,7 @@ def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int,
     return [prefix + row for row in ids.tolist()]
 
 
-async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
-    await client.wait_for_workers(1, timeout_s=600)  # a local cluster's start waited for all
-    info = await client.model_info()
+async def measure(client: AsyncClient, info: ModelInfo, args: argparse.Namespace) -> dict:
     avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
     prefix_len = args.prefix_len
     prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid, prefix_len)
@@ -128,6 +130,44 @@ async def measure(client: AsyncClient, args: argparse.Namespace) -> dict:
     }
 
 
+async def measure_embed(client: AsyncClient, info: ModelInfo, args: argparse.Namespace) -> dict:
+    """A pooling model's throughput (`--task embed`): the prompts embedded through the SDK's
+    embed(), all handed over at once; the generate bench's keys where they mean the same."""
+    avoid = set(info.eos_token_ids) | {0, 1, 2, 3}
+    prompts = random_prompts(args.num_prompts, args.input_len, info.vocab_size, args.seed, avoid)
+    warm_up = random_prompts(8, args.input_len, info.vocab_size, args.seed + 1_000_003, avoid)
+    await client.embed(warm_up)
+    start = time.perf_counter()
+    batch = asyncio.ensure_future(client.embed(prompts))
+    step_timing = await sample_step_timing(client, batch)
+    outputs = await batch
+    elapsed = time.perf_counter() - start
+    bad = [o for o in outputs if len(o.outputs.embedding) != info.pooling.size]
+    if len(outputs) != args.num_prompts or bad:
+        raise RuntimeError(f"{len(outputs)} outputs for {args.num_prompts} prompts, {len(bad)} of the wrong size")
+    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    health = await client.health()
+    return {
+        "model": info.model,
+        "task": info.pooling.task,
+        "pooling_type": info.pooling.pooling_type,
+        "embedding_size": info.pooling.size,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": 0,
+        "workers": health.num_workers,
+        "replicas": len(health.replicas),
+        "window": args.window,
+        "elapsed_s": round(elapsed, 3),
+        "requests_per_second": round(args.num_prompts / elapsed, 2),
+        "tokens_per_second": round(num_prompt_tokens / elapsed, 2),
+        "output_tokens_per_second": 0.0,
+        "steps_per_s": health.steps_per_s,
+        "mean_step_time_ms": step_timing[0],
+        "worker_busy_fraction": step_timing[1],
+    }
+
+
 async def sample_step_timing(client: AsyncClient, batch: asyncio.Future) -> tuple[float, float]:
     """The first replica's mean step time and worker busy fraction, sampled twice a second
     while `batch` runs; the medians over the samples where its batch was fullest."""
@@ -160,7 +200,9 @@ async def run_throughput(args: argparse.Namespace) -> int:
     with service_address(args) as address:
         client = AsyncClient(address)
         try:
-            result = await measure(client, args)
+            await client.wait_for_workers(1, timeout_s=600)  # a local cluster's start waited for all
+            info = await client.model_info()
+            result = await (measure(client, info, args) if info.pooling is None else measure_embed(client, info, args))
         finally:
             await client.close()
     if args.gemm_limit:

@@ -256,3 +256,13 @@ def test_batch_api_embeddings(embed_cluster, bert_folder, tmp_path):
     outputs += [json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()]
     check_embedding_outputs(outputs, lines, bad, bert_folder)
 
+
+def test_bench_throughput_task_embed(bert_folder):
+    done = subprocess.run([sys.executable, "-m", "stepserve.cli", "bench", "throughput", "--model", bert_folder,
+                           "--task", "embed", "--enforce-eager", "--num-prompts", "64", "--input-len", "16", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["task"] == "embed" and result["num_prompts"] == 64 and result["embedding_size"] == 64
+    assert result["tokens_per_second"] == pytest.approx(16 * result["requests_per_second"], rel=1e-3)
+    assert result["output_tokens_per_second"] == 0 and result["requests_per_second"] > 0

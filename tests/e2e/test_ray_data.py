@@ -1,6 +1,7 @@
 """The Ray Data processor (stepserve/ray_data.py) on a local Ray of 2 CPUs: 10,000
 rows through 2 actors once each, equal to the SDK's greedy outputs; rows of every kind and one
-that fails alone; replica actors (each its own scheduler and worker), one killed mid-job."""
+that fails alone; replica actors (each its own scheduler and worker), one killed mid-job; an
+embedding model's `embedding` column."""
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ import ray  # noqa: E402
 from stepserve import LLM, SamplingParams  # noqa: E402
 from stepserve.ray_data import ProcessorConfig, build_processor  # noqa: E402
 from tests.cli_helpers import pids  # noqa: E402
+from tests.hf_model_folders import make_bert_folder  # noqa: E402
 
 ENGINE = {"enforce_eager": True, "dtype": "float32", "kv_cache_gb": 0.05}
 DISTINCT = 200  # distinct prompts among the rows: the SDK reference runs each once
@@ -93,6 +95,19 @@ def test_replica_actors_one_killed_mid_job_and_every_row_comes_back_once(llm, ch
     assert killed is not None and sorted(seen) == list(range(2_000))
     expected = _sdk_outputs(llm, max_tokens=4)
     assert all(ids == expected[i % DISTINCT] for i, ids in seen.items())
+
+
+def test_an_embedding_model_gives_an_embedding_column(ray_local, tmp_path):
+    texts = [f"row {i} of a corpus" for i in range(40)]
+    with LLM(make_bert_folder(str(tmp_path / "bert")), task="embed", **ENGINE) as embedder:
+        rows = [{"id": i, "prompt": text} for i, text in enumerate(texts)] + [{"id": 40, "prompt": None}]
+        config = ProcessorConfig(address=embedder.cluster.address, batch_size=16)
+        out = {r["id"]: r for r in build_processor(config)(ray.data.from_items(rows)).take_all()}
+        expected = embedder.embed(texts, use_tqdm=False)
+    assert sorted(out) == list(range(41)) and "needs 'prompt'" in out[40]["error"] and out[40]["embedding"] is None
+    for i, output in enumerate(expected):
+        assert out[i]["error"] is None and out[i]["num_input_tokens"] == len(output.prompt_token_ids)
+        assert list(out[i]["embedding"]) == pytest.approx(output.outputs.embedding, abs=1e-6)
 
 
 def _parent_of(pid: int) -> int:
