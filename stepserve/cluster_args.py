@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 from scheduler_svc.config import PREEMPTION_MODES, SCHEDULING_POLICIES
 from stepserve.launcher import LocalCluster
+from worker_svc.pooling_config import POOLING_TYPES, TASKS
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -18,9 +19,15 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name; "
                         "default: one per core for a small model on a CPU, else 1)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="worker processes per replica")
-    p.add_argument("--task", default=None, choices=("auto", "generate", "embed", "classify"),
+    p.add_argument("--task", default=None, choices=TASKS,
                    help="what the model does (default auto: an encoder or sentence-transformers folder embeds, a "
                         "...ForSequenceClassification folder classifies, the rest generate; docs/pooling.md)")
+    p.add_argument("--pooling-type", default=None, choices=POOLING_TYPES,
+                   help="a pooling model's pooling, over the folder's (sentence-transformers' 1_Pooling) or the "
+                        "default (CLS for an encoder, LAST for a causal model)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="a pooling model's embeddings L2-normalised or not, over the folder's Normalize module "
+                        "(default: normalised)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--load-format", default=None, help="auto | dummy")
     p.add_argument("--kv-cache-gb", type=float, default=None)
@@ -60,7 +67,8 @@ _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "s
                       "enable_prefix_caching", "async_scheduling", "worker_timeout")
 _WORKER_OPTIONS = ("revision", "download_dir", "dtype", "load_format", "kv_cache_gb", "max_model_len",
                    "gpu_memory_utilization", "swap_space_gb", "device", "block_size", "enforce_eager",
-                   "compile_cache_dir", "generation_config", "max_cudagraph_capture_size", "task")
+                   "compile_cache_dir", "generation_config", "max_cudagraph_capture_size", "task",
+                   "pooling_type", "normalize")
 
 
 def child_args(**options) -> tuple[list[str], list[str]]:
