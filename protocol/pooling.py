@@ -11,6 +11,11 @@ import msgspec
 from protocol.limits import MAX_NAME_LEN, MAX_PROMPT_TOKENS
 
 PoolingTask = Literal["embed", "classify"]
+# What a worker serves a model folder as (its --task; auto: as the folder says), and how it pools
+# (--pooling-type, PoolingInfo.pooling_type). Here, not in the worker: the CLI's flags name them
+# without importing the server.
+TASKS = ("auto", "generate", "embed", "classify")
+POOLING_TYPES = ("CLS", "MEAN", "LAST")
 
 
 class PoolingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, gc=False):

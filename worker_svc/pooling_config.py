@@ -14,12 +14,10 @@ Read from the model folder without torch (the worker checks it before its heavy 
 import json
 import os
 
-from protocol.pooling import PoolingInfo
+from protocol.pooling import POOLING_TYPES, TASKS, PoolingInfo
 from worker_svc import presets
 from worker_svc.models import supported_architecture
 
-TASKS = ("auto", "generate", "embed", "classify")
-POOLING_TYPES = ("CLS", "MEAN", "LAST")
 ENCODER_EMBEDDERS = ("BertModel", "RobertaModel", "XLMRobertaModel")
 HEADLESS_CAUSAL = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")  # saved without an LM head
 ENCODER_CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",

@@ -4,7 +4,7 @@ import os
 import typing
 from dataclasses import dataclass, fields
 
-from worker_svc.pooling_config import POOLING_TYPES, TASKS
+from protocol.pooling import POOLING_TYPES, TASKS
 
 
 @dataclass(frozen=True)
