@@ -3,9 +3,9 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
+from protocol.pooling import POOLING_TYPES, TASKS
 from scheduler_svc.config import PREEMPTION_MODES, SCHEDULING_POLICIES
 from stepserve.launcher import LocalCluster
-from protocol.pooling import POOLING_TYPES, TASKS
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -19,12 +19,10 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="data-parallel replicas, each one worker or a tensor-parallel group (vLLM's name; "
                         "default: one per core for a small model on a CPU, else 1)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="worker processes per replica")
-    # The choices are worker_svc/pooling_config.py's, written out: the CLI's client commands
-    # import no worker_svc (a client-only install has none).
-    p.add_argument("--task", default=None, choices=("auto", "generate", "embed", "classify"),
+    p.add_argument("--task", default=None, choices=TASKS,
                    help="what the model does (default auto: an encoder or sentence-transformers folder embeds, a "
                         "...ForSequenceClassification folder classifies, the rest generate; docs/pooling.md)")
-    p.add_argument("--pooling-type", default=None, choices=("CLS", "MEAN", "LAST"),
+    p.add_argument("--pooling-type", default=None, choices=POOLING_TYPES,
                    help="a pooling model's pooling, over the folder's (sentence-transformers' 1_Pooling) or the "
                         "default (CLS for an encoder, LAST for a causal model)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
