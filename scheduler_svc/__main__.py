@@ -34,6 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="plan each step while the worker runs the one before (two plans in flight; default: on)")
     p.add_argument("--worker-timeout", type=float, default=10.0,
                    help="seconds of silence after which a worker is dropped and its requests requeued")
+    p.add_argument("--step-timeout", type=float, default=300.0,
+                   help="seconds a step may go unanswered by a worker that still sends heartbeats (a hung "
+                        "kernel) before it is dropped and its requests requeued, as a silent one is")
     p.add_argument("--max-message-mb", type=int, default=256, help="largest incoming message accepted")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (0: any free one); off by default")
@@ -58,6 +61,7 @@ async def run(args: argparse.Namespace) -> None:
                              enable_prefix_caching=args.enable_prefix_caching,
                              async_scheduling=args.async_scheduling)
     service = SchedulerService(args.frontend, args.worker_address, config, worker_timeout_s=args.worker_timeout,
+                               step_timeout_s=args.step_timeout,
                                max_message_bytes=args.max_message_mb << 20,
                                enable_metrics=args.metrics_port is not None,
                                max_queued_requests=args.max_queued_requests, drain_timeout_s=args.drain_timeout_s,

@@ -40,6 +40,7 @@ class Replica:
         # The worker's answer to each plan sent and not yet applied, by step id; the plans
         # themselves, and their order, are the core's (Scheduler.oldest_plan_in_flight).
         self.answers: dict[int, asyncio.Future] = {}
+        self.sent_at: dict[int, float] = {}  # step id -> when it was sent, until its answer came
         self.last_heartbeat: dict[str, Heartbeat] = {}  # by worker_id
         self.num_steps = 0
         # Recent steps: (when the answer came, seconds the worker spent executing it).
@@ -71,6 +72,13 @@ class Replica:
         """plan, from this replica's core, is sent: its answer is awaited."""
         assert plan.step_id not in self.answers, "a plan is sent once"
         self.answers[plan.step_id] = asyncio.get_running_loop().create_future()
+        self.sent_at[plan.step_id] = time.monotonic()
+
+    def step_waiting_for(self, now: float) -> float:
+        """How long the oldest step sent has gone unanswered (0 with none): a worker whose
+        heartbeat thread still beats while its step hangs (a kernel wedged with the GIL released)
+        is silent here only."""
+        return now - min(self.sent_at.values()) if self.sent_at else 0.0
 
     async def oldest_result(self) -> tuple[StepPlan, StepResult]:
         """The oldest step in flight and its result, once it came; WorkerLost if it never will."""
@@ -87,6 +95,7 @@ class Replica:
         future = self.answers.get(result.step_id)
         if future is None or future.done():
             return False
+        del self.sent_at[result.step_id]
         self.num_steps += 1
         self.recent_steps.append((time.monotonic(), result.busy_s))
         future.set_result(result)
@@ -100,6 +109,7 @@ class Replica:
                 future.set_exception(WorkerLost(self.name))
                 future.exception()  # marked retrieved: the step loop awaits the oldest step's alone, then ends
         self.answers.clear()
+        self.sent_at.clear()
 
     def step_timing(self) -> tuple[float, float]:
         """Over the recent steps: the mean time between answers (ms), and the fraction of that

@@ -45,7 +45,7 @@ class SchedulerService:
                  worker_timeout_s: float = 10.0, max_message_bytes: int = 256 << 20,
                  check_integrity_when_idle: bool = True, enable_metrics: bool = False,
                  max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS, drain_timeout_s: float = 30.0,
-                 front_door: FrontDoor | None = None):
+                 front_door: FrontDoor | None = None, step_timeout_s: float = 300.0):
         self.config = config
         self.instance_id = uuid.uuid4().hex[:12]  # new on every start: workers and clients tell a restart
         self.admission = Admission(max_queued_requests)
@@ -55,6 +55,7 @@ class SchedulerService:
         self.frontend_address = frontend_address
         self.worker_address = worker_address
         self.worker_timeout_s = worker_timeout_s
+        self.step_timeout_s = step_timeout_s
         self.max_message_bytes = max_message_bytes
         self.check_integrity_when_idle = check_integrity_when_idle
         self.replicas = ReplicaSet(config)
@@ -180,11 +181,21 @@ class SchedulerService:
             await asyncio.sleep(min(1.0, self.worker_timeout_s / 4))
             now = time.monotonic()
             for replica in list(self.replicas):  # a copy: it drops some
-                if replica.silent_for(now) > self.worker_timeout_s:
-                    logger.warning("worker %s silent for %.1f s: dropped until it says hello again", replica.name,
-                                   replica.silent_for(now))
+                stall = self._stall(replica, now)
+                if stall is not None:
+                    logger.warning("worker %s %s: dropped until it says hello again", replica.name, stall)
                     self.drop_replica(replica)
                     self.replicas.mark_stalled(replica)
+
+    def _stall(self, replica: Replica, now: float) -> str | None:
+        """Why the replica's worker counts as stalled, or None: silent past --worker-timeout, or
+        beating but one step unanswered past --step-timeout."""
+        silent, waiting = replica.silent_for(now), replica.step_waiting_for(now)
+        if silent > self.worker_timeout_s:
+            return f"silent for {silent:.1f} s"
+        if waiting > self.step_timeout_s:
+            return f"has not answered a step for {waiting:.1f} s (--step-timeout {self.step_timeout_s:g})"
+        return None
 
     async def _closed_workers_loop(self) -> None:
         while True:

@@ -59,12 +59,16 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
                    help="seconds a worker may be silent before its replica is dropped, its requests moved "
                         "to the others, until it says hello again (default 10; docs/operations.md)")
+    p.add_argument("--step-timeout", type=float, default=None, metavar="S",
+                   help="seconds one step may go unanswered by a worker that still sends heartbeats (a hung "
+                        "kernel) before its replica is dropped like a silent one (default 300)")
 
 
 # Which process takes each option of a local cluster: the flag is the option's name with dashes.
 # Options left None take that process's own default; booleans become --name / --no-name.
 _SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy",
-                      "enable_prefix_caching", "async_scheduling", "worker_timeout")
+                      "enable_prefix_caching", "async_scheduling", "worker_timeout",
+                      "step_timeout")
 _WORKER_OPTIONS = ("revision", "download_dir", "dtype", "load_format", "kv_cache_gb", "max_model_len",
                    "gpu_memory_utilization", "swap_space_gb", "device", "block_size", "enforce_eager",
                    "compile_cache_dir", "generation_config", "max_cudagraph_capture_size", "task",
