@@ -1,6 +1,7 @@
-"""PoolingLines: a batch's pooling lines (/v1/embeddings, /v1/score, ...) in flight. Each is
-one call of its PoolingJob (its prompts end after one step each, so there is nothing to stream),
-run as a task of its own; at most `window` at once, so memory holds the window, never the file."""
+"""PoolingLines: a batch's pooling lines whose answer is not one pooling request per prompt
+(/v1/score, /v1/rerank: pairs, cosines, ranks; PoolingJob.prompts None) in flight. Each is one
+call of its PoolingJob, run as a task of its own; at most `window` at once, so memory holds the
+window, never the file. Embedding and classify lines stream with the rest (batch_runner)."""
 import asyncio
 from collections.abc import Callable
 

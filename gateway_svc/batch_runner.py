@@ -2,10 +2,11 @@
 outcome, as an output line, to a writer as soon as it is known. The one engine of
 `stepserve run-batch` and of the gateway's Batch API (/v1/batches).
 
-Lines are read one at a time and at most `window` requests are in flight (the SDK's
-generate_iter_items; pooling lines, which end after one step: batch_pooling), so memory holds
-the window, never the file; the ids it must remember
-live in SQLite (batch_ids). A line already in the output (a resumed job) is skipped; a bad
+Lines are read one at a time and at most `window` requests are in flight, in one stream of the
+SDK's (generate_iter_items: generation lines and the pooling lines of one request per prompt,
+/v1/embeddings and /v1/classify; /v1/score and /v1/rerank lines are calls of their own:
+batch_pooling), so memory holds the window, never the file; the ids it must remember live in
+SQLite (batch_ids). A line already in the output (a resumed job) is skipped; a bad
 line becomes an error line and the job goes on. Batch requests run at `min_priority` or
 lower (vLLM's convention: a larger value is served later), so interactive requests
 (priority 0) go first under the scheduler's priority policy.
@@ -52,8 +53,8 @@ class BatchCounts:
 @dataclass(slots=True)
 class _LineInFlight:
     custom_id: str
-    job: Job
-    formatter: Formatter
+    job: Job | PoolingJob
+    formatter: Formatter | None  # None for a PoolingJob (its own body)
     outputs: list[RequestOutput | None]
     num_open: int
 
@@ -101,8 +102,9 @@ class BatchRunner:
         return self.counts
 
     async def _requests(self, lines: Iterable[bytes]):
-        """(prompt ids, params, priority) for each prompt of each line still to run; writes the
-        error line of each bad line as it is read."""
+        """(prompt, params, priority) for each prompt of each line still to run (token ids to
+        generate from; a text or token ids to pool); writes the error line of each bad line as
+        it is read."""
         for line_no, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue  # blank lines are not requests (a trailing newline, say)
@@ -110,14 +112,14 @@ class BatchRunner:
             line = await self._read(raw, line_no)
             if line is None:
                 continue
-            for i, (prompt_ids, params) in enumerate(zip(line.job.prompts, line.job.params)):
+            for i, (prompt, params) in enumerate(zip(line.job.prompts, line.job.params)):
                 self._items[self._num_items] = (line, i)
                 self._num_items += 1
-                yield prompt_ids, params, max(line.job.priority, self._min_priority)
+                yield prompt, params, max(line.job.priority, self._min_priority)
 
     async def _read(self, raw: bytes, line_no: int) -> _LineInFlight | None:
-        """The line as a request to generate, or None: done before, bad (its error line written)
-        or a pooling line (started: batch_pooling)."""
+        """The line as requests to stream, or None: done before, bad (its error line written)
+        or a pooling line of its own call (started: batch_pooling)."""
         custom_id = None
         try:
             obj, custom_id = custom_id_of(raw, line_no)
@@ -140,8 +142,10 @@ class BatchRunner:
             self._emit(refused_output(custom_id, new_id("req-"), e), ok=False)
             return None
         if isinstance(made, PoolingJob):
-            await self._pooling.start(custom_id, made, max(made.priority, self._min_priority))
-            return None
+            if made.prompts is None:
+                await self._pooling.start(custom_id, made, max(made.priority, self._min_priority))
+                return None
+            return _LineInFlight(custom_id, made, None, [None] * len(made.prompts), len(made.prompts))
         job, formatter = made
         job.stream = False  # a batch line's answer is one body
         return _LineInFlight(custom_id, job, formatter, [None] * len(job.prompts), len(job.prompts))
@@ -156,6 +160,10 @@ class BatchRunner:
         if failed is not None:
             error = from_sdk_error(request_failure(job.request_id, failed.error_code, failed.error_message or ""))
             self._emit(refused_output(line.custom_id, job.request_id, error), ok=False)
+            return
+        if isinstance(job, PoolingJob):
+            body = job.body([o.outputs.data for o in line.outputs], sum(len(o.prompt_token_ids) for o in line.outputs))
+            self._pooling_answered(line.custom_id, job, body)
             return
         choices = [GatheredChoice(c.token_ids, [c.text or ""], c.token_logprobs or [], c.finish_reason, c.stop_reason)
                    for output in line.outputs for c in output.outputs]

@@ -20,16 +20,17 @@ async def classify_job(body: bytes, upstream: Upstream) -> PoolingJob:
     labels = info.pooling.labels
     request_id, model_name, created = new_id("classify-"), upstream.name_of(info), int(time.time())
 
-    async def answer(priority: int) -> dict:
-        outputs = await upstream.client.classify(prompts, pooling_params=params, priority=priority)
+    def body(values: list[list[float]], num_tokens: int) -> dict:
         data = []
-        for i, o in enumerate(outputs):
-            probs = o.outputs.probs
+        for i, probs in enumerate(values):
             best = max(range(len(probs)), key=probs.__getitem__)
             data.append({"index": i, "label": labels[best] if best < len(labels) else str(best), "probs": probs,
                          "num_classes": len(probs)})
-        num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
         return {"id": request_id, "object": "list", "created": created, "model": model_name, "data": data,
                 "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
-    return PoolingJob(request_id, req.priority, answer)
+    async def answer(priority: int) -> dict:
+        outputs = await upstream.client.classify(prompts, pooling_params=params, priority=priority)
+        return body([o.outputs.probs for o in outputs], sum(len(o.prompt_token_ids) for o in outputs))
+
+    return PoolingJob(request_id, req.priority, answer, prompts, [params] * len(prompts), body)

@@ -48,12 +48,14 @@ async def embedding_job(body: bytes, upstream: Upstream) -> PoolingJob:
     params = PoolingParams(task="embed", dimensions=req.dimensions, normalize=req.normalize)
     request_id, model_name, created = new_id("embd-"), upstream.name_of(info), int(time.time())
 
-    async def answer(priority: int) -> dict:
-        outputs = await upstream.client.embed(prompts, pooling_params=params, priority=priority)
-        num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-        data = [{"object": "embedding", "index": i, "embedding": encoded(o.outputs.embedding, req.encoding_format)}
-                for i, o in enumerate(outputs)]
+    def body(embeddings: list[list[float]], num_tokens: int) -> dict:
+        data = [{"object": "embedding", "index": i, "embedding": encoded(embedding, req.encoding_format)}
+                for i, embedding in enumerate(embeddings)]
         return {"id": request_id, "object": "list", "created": created, "model": model_name, "data": data,
                 "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
-    return PoolingJob(request_id, req.priority, answer)
+    async def answer(priority: int) -> dict:
+        outputs = await upstream.client.embed(prompts, pooling_params=params, priority=priority)
+        return body([o.outputs.embedding for o in outputs], sum(len(o.prompt_token_ids) for o in outputs))
+
+    return PoolingJob(request_id, req.priority, answer, prompts, [params] * len(prompts), body)

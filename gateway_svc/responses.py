@@ -22,6 +22,7 @@ from gateway_svc.errors import APIError, bad_request, from_sdk_error
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import ModelInfo
 from protocol.metrics import RequestTimer
+from protocol.pooling import PoolingParams
 from protocol.sampling import SamplingParams
 
 _encoder = msgspec.json.Encoder()
@@ -65,6 +66,13 @@ class PoolingJob:
     request_id: str
     priority: int
     answer: Callable[[int], Awaitable[dict]]
+    # Set when each prompt is one pooling request (embeddings, classify), so a batch file sends
+    # them in its one stream of requests (batch_runner): the prompts, their PoolingParams (one
+    # per prompt, as Job's), and the body built from each prompt's values, in order, and the
+    # number of prompt tokens. None: only `answer` runs it (score, rerank: several per answer).
+    prompts: list[str | list[int]] | None = None
+    params: list[PoolingParams] | None = None
+    body: Callable[[list[list[float]], int], dict] | None = None
 
 
 class Formatter:

@@ -3,7 +3,8 @@ OpenAI batch file run to its output file on a scheduler's address.
 
 The output is appended line by line as requests finish; `--resume` reads the output of a job
 that died, drops a torn last line and runs only the lines it lacks. On a terminal a progress
-bar shows requests/s, tokens/s and the time left; a summary line ends the run. Exit status 0
+bar shows requests/s, tokens/s (prompt tokens, and completion tokens when any were generated)
+and the time left; a summary line ends the run. Exit status 0
 when every input line has its output line. A disk that fills ends the job with one line naming
 the path (exit status 1); the output keeps its whole lines, for a --resume once there is space.
 """
@@ -32,11 +33,19 @@ class _Progress:
         now = time.monotonic()
         if now - self._last_postfix > 0.5:
             self._last_postfix = now
-            self._bar.set_postfix_str(f"{counts.num_completion_tokens / (now - counts.started):.0f} tok/s, "
-                                      f"{counts.num_failed} failed", refresh=False)
+            self._bar.set_postfix_str(f"{token_rates(counts, now - counts.started)}, {counts.num_failed} failed",
+                                      refresh=False)
 
     def close(self) -> None:
         self._bar.close()
+
+
+def token_rates(counts: BatchCounts, elapsed: float) -> str:
+    """Prompt tokens/s, and completion tokens/s when any were generated (embedding lines have none)."""
+    rates = f"{counts.num_prompt_tokens / elapsed:.1f} prompt tokens/s"
+    if counts.num_completion_tokens:
+        rates += f", {counts.num_completion_tokens / elapsed:.1f} completion tokens/s"
+    return rates
 
 
 def _num_lines(path: str) -> int:
@@ -73,8 +82,8 @@ async def run(args: argparse.Namespace, address: str) -> int:
                 progress.close()
     elapsed = time.monotonic() - counts.started
     print(f"run-batch: {counts.num_completed} completed, {counts.num_failed} failed, {counts.num_skipped} done "
-          f"before, in {elapsed:.1f} s ({counts.num_done / elapsed:.1f} requests/s, "
-          f"{counts.num_completion_tokens / elapsed:.1f} tokens/s) -> {args.output_file}", flush=True)
+          f"before, in {elapsed:.1f} s ({counts.num_done / elapsed:.1f} requests/s, {token_rates(counts, elapsed)}) "
+          f"-> {args.output_file}", flush=True)
     return 0 if counts.num_done + counts.num_skipped == counts.num_lines else 1
 
 

@@ -220,7 +220,9 @@ def check_embedding_outputs(outputs: list[dict], lines: list[dict], bad: set[int
 
 
 def test_run_batch_answers_embedding_score_and_rerank_lines(embed_cluster, bert_folder, tmp_path):
+    from transformers import AutoTokenizer
     lines, bad = embedding_lines(300, bad_every=50)
+    lines.append({"custom_id": "texts", "url": "/v1/embeddings", "body": {"input": TEXTS}})
     lines.append({"custom_id": "score", "url": "/v1/score", "body": {"text_1": QUERY, "text_2": TEXTS}})
     lines.append({"custom_id": "rerank", "url": "/v1/rerank", "body": {"query": QUERY, "documents": TEXTS}})
     src, out = write_jsonl(tmp_path / "in.jsonl", lines), str(tmp_path / "out.jsonl")
@@ -228,11 +230,17 @@ def test_run_batch_answers_embedding_score_and_rerank_lines(embed_cluster, bert_
                            "-i", src, "-o", out], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{len(lines) - len(bad)} completed, {len(bad)} failed" in done.stdout
+    assert float(done.stdout.split(" prompt tokens/s")[0].rsplit(" ", 1)[1]) > 0  # embedding lines generate none
     with open(out) as f:
         outputs = [json.loads(line) for line in f]
-    pooled = [o for o in outputs if o["custom_id"] not in ("score", "rerank")]
-    check_embedding_outputs(pooled, lines[:-2], bad, bert_folder)
+    pooled = [o for o in outputs if o["custom_id"] not in ("texts", "score", "rerank")]
+    check_embedding_outputs(pooled, lines[:-3], bad, bert_folder)
     by_id = {o["custom_id"]: o["response"]["body"] for o in outputs}
+    texts = by_id["texts"]  # one line of several inputs: each in its place, their tokens in its usage
+    assert [d["index"] for d in texts["data"]] == list(range(len(TEXTS)))
+    assert cosines([d["embedding"] for d in texts["data"]], st_embeddings(bert_folder, TEXTS)).min() >= MIN_COSINE
+    tokenizer = AutoTokenizer.from_pretrained(bert_folder)
+    assert texts["usage"]["prompt_tokens"] == sum(len(tokenizer(t)["input_ids"]) for t in TEXTS)
     expected = st_embeddings(bert_folder, [QUERY, *TEXTS])
     scores = cosines(expected[:1], expected[1:])
     assert np.allclose([d["score"] for d in by_id["score"]["data"]], scores, atol=1e-5)
