@@ -27,7 +27,7 @@ import torch
 from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, status
+from worker_svc import compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, malloc_policy, status
 from worker_svc.attention import build_attention_metadata
 from worker_svc.encoder_attention import build_encoder_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
@@ -56,6 +56,7 @@ _GiB = 1 << 30
 class ModelRunner:
     def __init__(self, config: RunnerConfig):
         self.config = config
+        malloc_policy.map_large_blocks()  # else host memory grows with the step sizes seen
         self._load_model()
         self._read_model_facts()
         self._size_kv_cache()
