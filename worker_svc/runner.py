@@ -56,9 +56,10 @@ _GiB = 1 << 30
 class ModelRunner:
     def __init__(self, config: RunnerConfig):
         self.config = config
-        malloc_policy.map_large_blocks()  # else host memory grows with the step sizes seen
         self._load_model()
         self._read_model_facts()
+        if self.pooling is not None:  # else host memory grows with the step sizes seen (malloc_policy.py)
+            malloc_policy.map_large_blocks()
         self._size_kv_cache()
         self._allocate_caches()
         self.requests = self._make_request_table()
