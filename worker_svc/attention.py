@@ -215,12 +215,17 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
 
 
 def _pad(x: torch.Tensor, meta: PrefillMetadata) -> torch.Tensor:
-    """Packed [n, heads, D] -> [B, heads, Q, D], zeros past each sequence's end."""
-    if meta.pad_index is not None:
-        padded = x.new_zeros(meta.num_seqs * meta.max_query_len, *x.shape[1:])
-        padded[meta.pad_index] = x
+    return pad_packed(x, meta.pad_index, meta.num_seqs, meta.max_query_len)
+
+
+def pad_packed(x: torch.Tensor, pad_index: torch.Tensor | None, num_seqs: int, max_len: int) -> torch.Tensor:
+    """Packed [n, heads, D] -> [B, heads, L, D], zeros past each sequence's end (pad_index: each
+    packed token's place in the [B * L] layout; None when every sequence is L long)."""
+    if pad_index is not None:
+        padded = x.new_zeros(num_seqs * max_len, *x.shape[1:])
+        padded[pad_index] = x
         x = padded
-    return x.view(meta.num_seqs, meta.max_query_len, *x.shape[1:]).transpose(1, 2)
+    return x.view(num_seqs, max_len, *x.shape[1:]).transpose(1, 2)
 
 
 def _gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor):

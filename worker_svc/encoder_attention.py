@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from worker_svc.attention import pad_packed
 from worker_svc.forward_context import get_forward_context
 
 
@@ -55,7 +56,7 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     real = meta.num_tokens
     if meta.num_seqs == 0:
         return q.new_zeros(num_tokens, num_heads * head_dim)
-    layout = [_padded(x[:real], meta) for x in (q, k, v)]  # [B, H, L, D] each
+    layout = [pad_packed(x[:real], meta.pad_index, meta.num_seqs, meta.max_len) for x in (q, k, v)]  # [B, H, L, D]
     out = F.scaled_dot_product_attention(*layout, attn_mask=meta.key_mask, scale=scale)
     out = out.transpose(1, 2).reshape(meta.num_seqs * meta.max_len, num_heads * head_dim)
     if meta.pad_index is not None:
@@ -63,15 +64,6 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
     if real < num_tokens:
         out = torch.cat([out, out.new_zeros(num_tokens - real, out.shape[1])])
     return out
-
-
-def _padded(x: torch.Tensor, meta: EncoderMetadata) -> torch.Tensor:
-    """Packed [n, H, D] -> [B, H, L, D], zeros past each sequence's end."""
-    if meta.pad_index is not None:
-        padded = x.new_zeros(meta.num_seqs * meta.max_len, *x.shape[1:])
-        padded[meta.pad_index] = x
-        x = padded
-    return x.view(meta.num_seqs, meta.max_len, *x.shape[1:]).transpose(1, 2)
 
 
 @torch.library.custom_op("stepserve::encoder_attention", mutates_args=())
