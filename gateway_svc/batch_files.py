@@ -5,8 +5,9 @@ back for a resume.
 Each output line is written through to the OS as it comes, so a killed job loses at most what
 was in flight, plus at worst the line being written: a torn last line (or a gzip member cut
 short) is dropped when the job resumes, and its request runs again. A write that finds the
-disk full leaves no torn line: the file is cut back to its last whole line (a gzip member is
-ended there) and DiskFull is raised.
+disk full leaves no torn line: the file is cut back to its last whole line and DiskFull is
+raised. A .gz output is a whole gzip after every line: each line is written with its member's
+end after it, and the next line overwrites that end, so a full disk never needs room to end it.
 """
 import contextlib
 import gzip
@@ -41,30 +42,30 @@ class OutputFile:
 
     def __init__(self, path: str):
         self.path = path
-        self._file = open(path, "ab", buffering=0)
-        self._whole_size = os.fstat(self._file.fileno()).st_size  # where the last whole line ends
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._whole_size = os.fstat(self._fd).st_size  # where the last whole line ends (a member's end apart)
         self._member = _GzipMember() if _is_gzip(path) else None
 
     def write(self, obj: dict) -> None:
         line = _encoder.encode(obj) + b"\n"
-        self._append(self._member.compress(line) if self._member else line)
-        if self._member:
-            self._member.add_whole(line)
+        if self._member is None:
+            self._write(line, b"")
+            return
+        data = self._member.compress(line)
+        self._write(data, self._member.end_with(line))
+        self._member.add_whole(line)
 
     def close(self) -> None:
-        if self._file.closed:
-            return
-        try:
-            if self._member and self._member.num_bytes:
-                self._append(self._member.finish())
-        finally:
-            self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)  # a .gz member is already ended after its last line
+            self._fd = -1
 
-    def _append(self, data: bytes) -> None:
-        """data written whole, or the file cut back to its last whole line and closed, and the
-        error raised (DiskFull when there was no space)."""
+    def _write(self, data: bytes, end: bytes) -> None:
+        """data and then end at the last whole line's end (over the end written after it), or
+        the file cut back to its last whole line (and end) and closed, and the error raised
+        (DiskFull when there was no space)."""
         try:
-            _write_all(self._file, data)
+            _write_all_at(self._fd, data + end, self._whole_size)
         except OSError as e:
             self._cut_back()
             if is_disk_full(e):
@@ -73,19 +74,19 @@ class OutputFile:
         self._whole_size += len(data)
 
     def _cut_back(self) -> None:
-        os.ftruncate(self._file.fileno(), self._whole_size)  # shrinking needs no space
-        if self._member and self._member.num_bytes:
-            try:
-                _write_all(self._file, self._member.end_after_whole_lines())
-            except OSError:  # not even room for that: left cut short, as a kill leaves it (read_finished mends it)
-                os.ftruncate(self._file.fileno(), self._whole_size)
-        self._file.close()
+        end = self._member.end_after_whole_lines() if self._member and self._member.num_bytes else b""
+        # The bytes the last end took are still the file's: writing it again there takes no space.
+        with contextlib.suppress(OSError):
+            _write_all_at(self._fd, end, self._whole_size)
+        os.ftruncate(self._fd, self._whole_size + len(end))
+        self.close()
 
 
-def _write_all(f, data: bytes) -> None:
+def _write_all_at(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
-        view = view[f.write(view):]
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 # A final deflate block holding nothing (BFINAL=1, fixed codes, end of block; RFC 1951): after a
@@ -109,11 +110,13 @@ class _GzipMember:
         self._crc = zlib.crc32(line, self._crc)
         self.num_bytes += len(line)
 
-    def finish(self) -> bytes:
-        return self._compressor.flush(zlib.Z_FINISH)
-
     def end_after_whole_lines(self) -> bytes:
         return _EMPTY_FINAL_BLOCK + struct.pack("<II", self._crc, self.num_bytes & 0xFFFFFFFF)
+
+    def end_with(self, line: bytes) -> bytes:
+        """The member's end once `line` too is whole."""
+        return _EMPTY_FINAL_BLOCK + struct.pack("<II", zlib.crc32(line, self._crc),
+                                                (self.num_bytes + len(line)) & 0xFFFFFFFF)
 
 
 def read_finished(path: str, on_output: Callable[[dict], None]) -> int:

@@ -42,7 +42,7 @@ def test_command_exits_with_the_workers_reason(command, unsupported_folder):
     assert out.returncode == 1, out.stderr
     assert elapsed < 30, f"{command} took {elapsed:.0f} s to fail"
     last_line = out.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("stepserve: a worker exited with code 1: ValueError: ") and REASON in last_line, \
+    assert last_line.startswith("stepserve: a worker exited with code 1: ") and REASON in last_line, \
         out.stderr[-3000:]
     assert out.stdout == ""  # nothing half-done on stdout (`--json` readers see no output, not junk)
 
@@ -55,4 +55,4 @@ def test_llm_and_local_cluster_raise_the_workers_reason(unsupported_folder):
             start()
         assert time.monotonic() - began < 30
         assert REASON in str(err.value) and err.value.returncode == 1
-        assert "Traceback" in err.value.log  # the worker's own log, for the details
+        assert REASON in err.value.log  # the worker's own log: its one line, no traceback to bury it
