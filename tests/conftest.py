@@ -55,7 +55,9 @@ def ray_local():
     """A local Ray of 2 CPUs for one module; shut down after it (nothing of Ray idles through the
     rest of the suite)."""
     ray = pytest.importorskip("ray", reason=RAY_MISSING)
-    ray.init(num_cpus=2, include_dashboard=False)
+    # address="local": always a fresh instance of our own, never a cluster another process left
+    # running on this machine (ray.init() would join it, and then refuse num_cpus)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         yield
     finally:
