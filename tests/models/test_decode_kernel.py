@@ -3,7 +3,8 @@ attention in one call) against what it replaced: index_copy_ of the step's K/V a
 (attention.write_kv), then attention.py's plain-torch decode (gather the blocks, mask, SDPA), on
 random paged layouts: shuffled blocks, contexts from one key to several blocks, GQA, sliding
 windows, soft-capping, float32 and bfloat16, head sizes on the vectorised path (multiples of 16,
-more than one 64-lane chunk) and off it, q/k/v as strided views of a fused projection, and a
+more than one 64-lane chunk) and off it, contexts walked per query head and (a sequence's K/V
+past 128 KiB) per key, q/k/v as strided views of a fused projection, and a
 step whose rows are decodes, then prefill tokens (written, not attended), then padding (zeros)."""
 import numpy as np
 import pytest
@@ -19,6 +20,10 @@ CASES = [  # num_heads, num_kv_heads, head_dim, block_size, dtype, window, softc
     (4, 1, 128, 4, torch.bfloat16, 20, 30.0),
     (4, 2, 24, 5, torch.float32, None, 5.0),  # off the vectorised path
     (3, 3, 32, 16, torch.float16, None, None),
+    # Qwen3-0.6B's heads: past 32 keys a sequence's K/V outgrow 128 KiB, where the kernel walks
+    # each key once for all heads (scores_by_key, values_by_key); shorter ones walk per head
+    (16, 8, 128, 16, torch.bfloat16, None, None),
+    (8, 4, 128, 16, torch.float32, 40, 30.0),
 ]
 
 
