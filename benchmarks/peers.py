@@ -3,15 +3,22 @@
     python -m benchmarks.peers --vllm-python VENV/bin/python \
         --case models/tiny-llama:bfloat16:5000 --case models/tiny-llama:float32:5000 \
         --case models/micro-llama:bfloat16:10000 --rounds 2 --json
+    python -m benchmarks.peers --vllm-python VENV/bin/python --gemm-limit \
+        --case models/qwen3-0.6b:bfloat16:256 --case models/qwen3-0.6b:bfloat16:64:512/128
 
-Each case is FOLDER:DTYPE:NUM_PROMPTS, the same Hugging Face folder for both engines; the
-workload is `stepserve bench throughput`'s (random 16-token prompts, exactly 16 output tokens,
-EOS ignored, generation timed), greedy unless the sampling flags (--temperature, --top-p,
+Each case is FOLDER:DTYPE:NUM_PROMPTS[:INPUT_LEN/OUTPUT_LEN], the same Hugging Face folder for
+both engines; the workload is `stepserve bench throughput`'s (random prompts of INPUT_LEN tokens,
+exactly OUTPUT_LEN output tokens, 16 and 16 unless the case says, EOS ignored, generation timed), greedy unless the sampling flags (--temperature, --top-p,
 --top-k, --min-p, --seed) say otherwise; vLLM runs it through benchmarks/vllm_cpu_throughput.py
 unless --vllm-script names another script that takes the same flags. Each engine runs in a
 fresh process on all cores; vllm-cpu with the settings its docs recommend on 2 cores (threads bound to every core, 2 GB of
 KV cache) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
 summary with medians and ratios, with the CPU's model name and its matmul flags.
+
+--gemm-limit first measures each model's GEMM limit on this machine (benchmarks/matmul_limit.py
+at its dtype, on all cores, in a process of its own) and gives every run its `gemm_fraction`:
+requests/s over the requests/s that limit allows at the case's lengths
+(stepserve/bench/model_flops.py's count, the same for both engines).
 """
 import argparse
 import json
@@ -21,6 +28,7 @@ import subprocess
 import sys
 
 from benchmarks.cpu_info import cpu_summary
+from stepserve.bench.model_flops import limit_requests_per_second, model_config
 from stepserve.bench.throughput import add_sampling_args, sampling_flags
 
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -31,6 +39,25 @@ def _last_json(stdout: str) -> dict:
         if line.startswith("{"):
             return json.loads(line)
     raise RuntimeError(f"no JSON line in:\n{stdout[-2000:]}")
+
+
+def parse_case(case: str) -> tuple[str, str, int, int, int]:
+    """FOLDER:DTYPE:NUM_PROMPTS[:INPUT_LEN/OUTPUT_LEN] -> folder, dtype, prompts, input, output."""
+    parts = case.split(":")
+    if len(parts) not in (3, 4):
+        raise SystemExit(f"--case {case!r}: expected FOLDER:DTYPE:NUM_PROMPTS[:INPUT_LEN/OUTPUT_LEN]")
+    input_len, output_len = map(int, parts[3].split("/")) if len(parts) == 4 else (16, 16)
+    return parts[0], parts[1], int(parts[2]), input_len, output_len
+
+
+def measure_gemm_limit(folder: str, dtype: str) -> dict:
+    """benchmarks/matmul_limit.py's rates for folder at dtype, in a process of its own."""
+    cmd = [sys.executable, "-m", "benchmarks.matmul_limit", "--model", folder, "--dtype", dtype]
+    return _last_json(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+def lengths_flags(input_len: int, output_len: int) -> list[str]:
+    return ["--input-len", str(input_len), "--output-len", str(output_len)]
 
 
 def run_stepserve(folder: str, dtype: str, num_prompts: int, sampling: list[str], extra: list[str]) -> float:
@@ -56,7 +83,8 @@ def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
-    p.add_argument("--case", action="append", required=True, help="FOLDER:DTYPE:NUM_PROMPTS")
+    p.add_argument("--case", action="append", required=True,
+                   help="FOLDER:DTYPE:NUM_PROMPTS[:INPUT_LEN/OUTPUT_LEN] (lengths 16/16 by default)")
     p.add_argument("--vllm-python", required=True, help="python of a venv with vllm-cpu installed")
     p.add_argument("--vllm-script", default=os.path.join(os.path.dirname(__file__), "vllm_cpu_throughput.py"),
                    help="a script timing vLLM's LLM.generate on --model/--dtype/--num-prompts and the sampling "
@@ -65,34 +93,59 @@ def main() -> int:
     add_sampling_args(p)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for stepserve, repeatable")
+    p.add_argument("--gemm-limit", action="store_true",
+                   help="measure each model's GEMM limit first and give every run its gemm_fraction")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args()
+    cases = [parse_case(case) for case in args.case]
     sampling = ["--seed", str(args.seed), *sampling_flags(args)]
     cpu = cpu_summary()
     print(f"cpu: {cpu}", flush=True)
+    limits: dict[tuple, dict] = {}
+    if args.gemm_limit:
+        for folder, dtype, *_ in cases:
+            if (folder, dtype) not in limits:
+                limits[folder, dtype] = measure_gemm_limit(folder, dtype)
+                print(json.dumps({"gemm_limit": limits[folder, dtype]}), flush=True)
+
+    def fraction(case: tuple, rps: float) -> float | None:
+        folder, dtype, _, input_len, output_len = case
+        if (folder, dtype) not in limits:
+            return None
+        allowed = limit_requests_per_second(model_config(folder), limits[folder, dtype], input_len, output_len)
+        return round(rps / allowed, 3)
+
     runs: dict[tuple, dict[str, list[float]]] = {}
     for round_index in range(args.rounds):
-        for case in args.case:
-            folder, dtype, num_prompts = case.rsplit(":", 2)
+        for case in cases:
+            folder, dtype, num_prompts, input_len, output_len = case
+            lengths = lengths_flags(input_len, output_len)
             order = ("stepserve", "vllm") if round_index % 2 == 0 else ("vllm", "stepserve")
             for engine in order:
                 if engine == "stepserve":
-                    rps = run_stepserve(folder, dtype, int(num_prompts), sampling, args.stepserve_arg)
+                    rps = run_stepserve(folder, dtype, num_prompts, sampling + lengths, args.stepserve_arg)
                 else:
-                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, int(num_prompts), sampling)
-                runs.setdefault((folder, dtype, num_prompts), {}).setdefault(engine, []).append(rps)
+                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, num_prompts, sampling + lengths)
+                runs.setdefault(case, {}).setdefault(engine, []).append(rps)
                 print(json.dumps({"round": round_index, "model": os.path.basename(folder.rstrip("/")),
-                                  "dtype": dtype, "num_prompts": int(num_prompts), "engine": engine,
-                                  "requests_per_second": rps}), flush=True)
+                                  "dtype": dtype, "num_prompts": num_prompts, "input_len": input_len,
+                                  "output_len": output_len, "engine": engine, "requests_per_second": rps,
+                                  "gemm_fraction": fraction(case, rps)}), flush=True)
     summary = []
-    for (folder, dtype, num_prompts), engines in runs.items():
+    for case, engines in runs.items():
+        folder, dtype, num_prompts, input_len, output_len = case
         ours, theirs = statistics.median(engines["stepserve"]), statistics.median(engines["vllm"])
         summary.append({"model": os.path.basename(folder.rstrip("/")), "dtype": dtype,
-                        "num_prompts": int(num_prompts), "stepserve": engines["stepserve"],
-                        "vllm": engines["vllm"], "stepserve_median": ours, "vllm_median": theirs,
-                        "ratio": round(ours / theirs, 2)})
-        print(f"{summary[-1]['model']} {dtype} {num_prompts}: stepserve {ours:.1f} vs vllm-cpu {theirs:.1f} "
-              f"req/s = {ours / theirs:.2f}x  (runs {engines['stepserve']} / {engines['vllm']})", flush=True)
+                        "num_prompts": num_prompts, "input_len": input_len, "output_len": output_len,
+                        "stepserve": engines["stepserve"], "vllm": engines["vllm"], "stepserve_median": ours,
+                        "vllm_median": theirs, "ratio": round(ours / theirs, 2),
+                        "stepserve_gemm_fraction": fraction(case, ours), "vllm_gemm_fraction": fraction(case, theirs),
+                        "gemm_limit": limits.get((folder, dtype))})
+        shares = (f", {summary[-1]['stepserve_gemm_fraction']:.0%} / {summary[-1]['vllm_gemm_fraction']:.0%} "
+                  "of the GEMM limit") if limits else ""
+        print(f"{summary[-1]['model']} {dtype} {num_prompts} x {input_len}/{output_len}: stepserve {ours:.2f} vs "
+              f"vllm-cpu {theirs:.2f} req/s = {ours / theirs:.2f}x{shares}  "
+              f"(runs {engines['stepserve']} / {engines['vllm']})", flush=True)
     if args.json:
         print(json.dumps({"cpu": cpu, "sampling": sampling, "cases": summary}))
     return 0
