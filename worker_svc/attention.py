@@ -11,9 +11,12 @@ where each part lies:
   no padding, no mask): C++ on CPU (decode_kernel.py; the same call stores the step's K/V, so a
   layer's write and decode are one native call), Triton on CUDA (triton_decode.py); plain torch
   where neither is available (gather the blocks, mask past each context, SDPA);
-- prefills run scaled_dot_product_attention over a padded [B, Q] layout: causal over this step's
-  own K/V when every prefill starts at token 0, otherwise over K/V read from the cache under a
-  mask that is causal in absolute positions (a later chunk sees the earlier chunks' KV);
+- prefills in bfloat16 on a CPU with AVX512-BF16 run a flash-style C++ kernel (prefill_kernel.py)
+  that reads every key from the cache through the block tables (this step's K/V are written
+  first), causal in absolute positions (a later chunk, or a prompt after a cached prefix, sees
+  the earlier keys); the others scaled_dot_product_attention over a padded [B, Q] layout: causal
+  over this step's own K/V when every prefill starts at token 0, otherwise over K/V read from the
+  cache under a mask that is causal in absolute positions;
 - padding tokens write their K/V to a scratch slot no request owns (the C++ call skips them:
   nothing reads that slot), and get zeros.
 
@@ -38,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker_svc import decode_kernel, triton_decode
+from worker_svc import decode_kernel, prefill_kernel, triton_decode
 from worker_svc.forward_context import get_forward_context
 from worker_svc.kv_cache import num_blocks_for_tokens
 
@@ -52,9 +55,12 @@ class PrefillMetadata:
     # [num_tokens] packed -> row of [num_seqs * Q]; None: every sequence has Q tokens (one
     # sequence, or a wave of equal prompts), so the packed tokens are the padded layout already
     pad_index: torch.Tensor | None
-    # Read K/V from the cache when some prefill resumes (computed tokens > 0); None: attend
-    # causally to this step's own K/V.
-    block_tables: torch.Tensor | None  # [num_seqs, max_blocks]
+    block_tables: torch.Tensor  # [num_seqs, max_blocks]: the blocks of each sequence's keys
+    query_starts: torch.Tensor  # [num_seqs + 1]: sequence i's tokens are [starts[i], starts[i + 1])
+    num_computed: torch.Tensor  # [num_seqs]: the position of each sequence's first token here
+    # Some prefill resumes (computed tokens > 0): the torch path reads K/V from the cache; else
+    # it attends causally to this step's own K/V. (The C++ kernel always reads the cache.)
+    resumes: bool
     # Absolute position of each row of the padded query layout: [num_seqs, Q] when reading the
     # cache, [1, Q] (0 .. Q - 1, the same for every sequence) over this step's own K/V.
     query_positions: torch.Tensor
@@ -65,7 +71,7 @@ class PrefillMetadata:
         """[B or 1, 1, Q, num_keys] bool, True = attend: causal in absolute positions, within the
         window if any; None where SDPA's own causal mask says it (this step's K/V, no window).
         Built on the first layer that asks, shared by the step's other layers."""
-        if sliding_window is None and self.block_tables is None:
+        if sliding_window is None and not self.resumes:
             return None
         if sliding_window not in self._masks:
             query_pos = self.query_positions[:, :, None]  # [B, Q, 1]
@@ -119,14 +125,16 @@ def _prefill_metadata(query_lens, num_computed, block_tables, start, block_size,
         seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
         offset_in_seq = np.arange(num_tokens) - starts[seq_of_token]
         pad_index = tensor(seq_of_token * max_query_len + offset_in_seq)
-    if num_computed.any():
-        max_blocks = num_blocks_for_tokens(int((num_computed + query_lens).max()), block_size)
-        tables = tensor(block_tables[:, :max_blocks])
+    max_blocks = num_blocks_for_tokens(int((num_computed + query_lens).max()), block_size)
+    resumes = bool(num_computed.any())
+    if resumes:
         query_pos, num_keys = num_computed[:, None] + np.arange(max_query_len), max_blocks * block_size
     else:
-        tables, query_pos, num_keys = None, np.arange(max_query_len)[None, :], max_query_len
-    return PrefillMetadata(start, num_tokens, num_seqs, max_query_len, pad_index, tables,
-                           tensor(query_pos), num_keys)
+        query_pos, num_keys = np.arange(max_query_len)[None, :], max_query_len
+    query_starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64)
+    return PrefillMetadata(start, num_tokens, num_seqs, max_query_len, pad_index, tensor(block_tables[:, :max_blocks]),
+                           tensor(query_starts), tensor(num_computed.astype(np.int64)), resumes, tensor(query_pos),
+                           num_keys)
 
 
 def write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -160,7 +168,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     prefill = meta.prefill
     if prefill is not None:
         span = slice(prefill.start, prefill.start + prefill.num_tokens)
-        out[span] = _prefill(q[span], k[span], v[span], kv_cache, prefill, scale, sliding_window, softcap)
+        kernel = prefill_kernel.load() if q.device.type == "cpu" and q.dtype == torch.bfloat16 else None
+        if kernel is not None and kernel.supports(head_dim):
+            # the step's K/V are in the cache by now: the kernel reads every key from there
+            kernel.prefill_attention(out[span], q[span], kv_cache[0], kv_cache[1], prefill.block_tables,
+                                     prefill.query_starts, prefill.num_computed, scale, sliding_window or 0,
+                                     softcap or 0.0)
+        else:
+            out[span] = _prefill(q[span], k[span], v[span], kv_cache, prefill, scale, sliding_window, softcap)
     return out.view(num_tokens, num_heads * head_dim)
 
 
@@ -187,7 +202,7 @@ def _prefill(q, k, v, kv_cache, meta: PrefillMetadata, scale: float, sliding_win
     num_heads, head_dim = q.shape[1:]
     num_seqs, max_query_len = meta.num_seqs, meta.max_query_len
     q_padded = _pad(q, meta)  # [B, H, Q, D]
-    if meta.block_tables is None:
+    if not meta.resumes:
         keys, values = _pad(k, meta), _pad(v, meta)
     else:
         keys, values = _gather_kv(kv_cache, meta.block_tables)
