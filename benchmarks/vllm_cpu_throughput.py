@@ -46,8 +46,10 @@ def main() -> None:
 
     prompts = [{"prompt_token_ids": [token() for _ in range(args.input_len)]} for _ in range(args.num_prompts)]
     # The workload's length, not the model's (Qwen3's 40,960 would not fit the 2 GB of KV cache
-    # vLLM's CPU docs recommend on 2 cores); 4,096 at least, so vLLM's step budget is its default.
-    max_model_len = args.max_model_len or max(4096, args.input_len + args.output_len)
+    # vLLM's CPU docs recommend on 2 cores); 4,096 at least, so vLLM's step budget is its default,
+    # but never past what the model allows (micro-llama's 512).
+    max_model_len = args.max_model_len or min(max(4096, args.input_len + args.output_len),
+                                              getattr(config, "max_position_embeddings", None) or 1 << 30)
     llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, max_model_len=max_model_len)
     base = dict(max_tokens=args.output_len, ignore_eos=True, temperature=args.temperature, top_p=args.top_p,
                 top_k=args.top_k, min_p=args.min_p)
