@@ -6,8 +6,10 @@
 It runs a step's linear layers as the model holds them (every decoder layer's own weights, so
 they stream from memory as in a real step rather than sitting in cache) with torch's F.linear on
 all cores: at --decode-batch rows (a decode step), at --prefill-tokens rows (a prefill step), and
-the head at --decode-batch rows (one per sequence). Each rate is the median of --repeats timed
-passes after two untimed ones, in TFLOP/s. The JSON also gives, for --input-len / --output-len,
+the head at --decode-batch rows (one per sequence). Each rate is the best of --repeats timed
+passes after two untimed ones, in TFLOP/s: a limit is what the machine can do, and a shared
+host's noise only ever slows a pass (the median of 5 gave 0.21-0.40 TFLOP/s for Qwen3-0.6B's
+decode GEMMs within one afternoon). The JSON also gives, for --input-len / --output-len,
 the requests/s that these rates allow (stepserve/bench/model_flops.py's count), and the CPU.
 
 `bench throughput --gemm-limit FILE` divides its requests/s by the same count at its own
@@ -16,7 +18,6 @@ decode rate, sampled rows to the head's.
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -47,7 +48,7 @@ def time_gemms(gemms: list[Gemm], tokens: int, dtype: torch.dtype, repeats: int)
     with torch.inference_mode():
         for _ in range(2):
             one_pass()
-        seconds = statistics.median(one_pass() for _ in range(repeats))
+        seconds = min(one_pass() for _ in range(repeats))
     return sum(g.flops(tokens) for g in gemms) / seconds / 1e12
 
 
