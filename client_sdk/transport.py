@@ -151,14 +151,32 @@ class Transport:
             self.abort_soon(timed_out)
 
     async def query(self, query, reply_type: type, timeout_s: float | None):
+        """The reply, or the error that ends the wait: the send's, a refused handshake's (the reader
+        fails the query's future even while the send still waits: a DEALER whose handshake failed
+        has no peer to queue to, so its send waits for a connection that never comes), or a
+        timeout after timeout_s for the send and the reply together."""
         self.start()
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        future = loop.create_future()
         self._queries[reply_type].append(future)
-        await self._sock.send(encode(query))
+        sending = asyncio.ensure_future(self._sock.send(encode(query)))
+        waiting = {sending, future}
         try:
-            return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise ServiceError("timeout", f"no reply from {self.address} in {timeout_s} s") from None
+            while not future.done():
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                done, waiting = await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise ServiceError("timeout", f"no reply from {self.address} in {timeout_s} s")
+                if sending in done and not future.done():
+                    sending.result()  # the send's own error, if it had one
+            return future.result()
+        finally:
+            for pending in (sending, future):
+                if not pending.done():
+                    pending.cancel()
+                elif not pending.cancelled():
+                    pending.exception()  # retrieved: raised above, or superseded by the other's
 
     def claim(self, request_ids: list[str]) -> None:
         """One live request per id on this client: a second would steal the first's outputs."""
