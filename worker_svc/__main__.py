@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         raise SystemExit(str(e)) from None  # one line that says what to do; a traceback would bury it
     # Imported after the check: torch takes seconds to import (tens on a busy machine), and a
     # model this worker cannot serve must fail before that, with its reason.
-    from worker_svc import devices
+    from worker_svc import devices, host_allocator
     from worker_svc.parallel import default_group_id
     from worker_svc.runner import ModelRunner
     from worker_svc.service import WorkerService
@@ -70,6 +70,8 @@ def main(argv=None) -> int:
         args.device = "cpu"
     curve_keys = connecting_keys("worker", args.curve_server_key, args.curve_secret_key)  # before the model loads
     runner = ModelRunner(from_args(args))
+    if runner.pooling is None and runner.device.type == "cpu":  # steps' activations, not the weights or KV cache
+        host_allocator.install()
     worker_id = args.worker_id or f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
     group_id = ""
     if args.tensor_parallel_size > 1:

@@ -16,7 +16,9 @@ prefill of a new size. A generative worker does not: its decode steps would then
 their activations afresh each step, and tiny-llama's throughput fell 10-18% with it
 (`stepserve bench throughput --model tiny-llama --num-prompts 3000`, alternating, 2 rounds, AMD
 EPYC 2 vCPUs avx512_bf16, a loaded host: 114 / 144 requests/s against 140 / 161 with the heap),
-while its compiled steps pad the token axis to a few buckets, whose sizes the heap reuses.
+while its compiled steps pad the token axis to a few buckets, whose sizes the heap reuses. Its
+blocks of 1 MiB and more bypass glibc: the worker process makes the host block cache
+(host_allocator.py) torch's CPU allocator.
 
 MALLOC_MMAP_THRESHOLD_ in the environment, if set, is the user's choice and stands.
 """
