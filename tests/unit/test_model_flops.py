@@ -33,3 +33,16 @@ def test_limit_is_the_time_each_part_takes_at_its_rate():
     assert limit_requests_per_second(config, same, 16, 16) == pytest.approx(1e12 / request_flops(config, 16, 16))
     slow_head = {**same, "head_tflops": 0.5}
     assert limit_requests_per_second(config, slow_head, 16, 16) < limit_requests_per_second(config, same, 16, 16)
+
+
+def test_matmul_limit_runs_with_the_prepacked_linear():
+    """benchmarks/matmul_limit.py times oneDNN's prepacked linear beside F.linear (F.linear alone
+    understated the limit): the prepacked one computes the same product, and the limit comes out."""
+    from benchmarks import matmul_limit
+    weight = torch.randn(96, 64, dtype=torch.bfloat16)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    prepacked = matmul_limit._prepacked_linear(weight, 8)
+    if torch.backends.mkldnn.is_available():
+        torch.testing.assert_close(prepacked(x), torch.nn.functional.linear(x, weight))
+    result = matmul_limit.measure("tiny-llama", "bfloat16", decode_batch=8, prefill_tokens=16, repeats=1)
+    assert all(result[key] > 0 for key in ("decode_tflops", "prefill_tflops", "head_tflops"))
