@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.native_kernels import built
 from worker_svc import prefill_kernel
 
 CASES = [  # num_heads, num_kv_heads, head_dim, block_size, window, softcap
@@ -21,9 +22,9 @@ CASES = [  # num_heads, num_kv_heads, head_dim, block_size, window, softcap
 
 
 def kernel_for(head_dim: int):
-    module = prefill_kernel.load()
-    if module is None or not module.supports(head_dim):
-        pytest.skip("no C++ toolchain or no AVX512-BF16 here")
+    module = built(prefill_kernel.load, "prefill kernel")
+    if not module.supports(head_dim):
+        pytest.skip("this CPU has no AVX512-BF16: bfloat16 prefills run SDPA here")
     return module
 
 

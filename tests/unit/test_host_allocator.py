@@ -4,23 +4,23 @@ the cache serves computes as before. Each case runs in a process of its own: the
 the whole process's."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.native_kernels import built
 from worker_svc import host_allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 PAGES_96_MIB = 96 * MIB // os.sysconf("SC_PAGE_SIZE")
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ toolchain for the block cache")
 
 
-def test_it_builds():
-    assert host_allocator.load() is not None  # else the worker runs on glibc's allocator alone
+@pytest.fixture(autouse=True)
+def block_cache_built():
+    built(host_allocator.load, "host block cache")
 
 PRELUDE = """
 import json, resource, sys
@@ -36,8 +36,8 @@ def stats():
 """
 
 
-def _run(body: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PRELUDE + body], capture_output=True, text=True, cwd=ROOT)
+def _run(body: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", PRELUDE + body, *args], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -56,16 +56,10 @@ print(json.dumps({"installed": installed, "faults": per_use, "rss": rss, "stats"
 """
 
 
-def _repeated_block(install: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", PRELUDE + REPEATED_BLOCK, *(["install"] if install else [])],
-                         capture_output=True, text=True, cwd=ROOT, check=True)
-    return json.loads(out.stdout.splitlines()[-1])
-
-
 def test_a_freed_large_block_serves_again_without_faults():
-    glibc = _repeated_block(install=False)
+    glibc = _run(REPEATED_BLOCK)
     assert min(glibc["faults"][1:]) > PAGES_96_MIB // 2, glibc  # mapped afresh: every page faulted again
-    cached = _repeated_block(install=True)
+    cached = _run(REPEATED_BLOCK, "install")
     assert cached["installed"] is True
     assert cached["faults"][0] > PAGES_96_MIB // 2, cached  # the first use maps and faults it in
     assert max(cached["faults"][1:]) < PAGES_96_MIB // 50, cached  # then the same pages serve again
