@@ -42,7 +42,7 @@ def _prepacked_linear(weight: torch.Tensor, tokens: int):
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, tokens)
         linear = lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")  # noqa: E731
-        linear(torch.zeros(tokens, weight.shape[1], dtype=weight.dtype))
+        linear(torch.zeros(1, weight.shape[1], dtype=weight.dtype))  # raises here for a dtype it does not take
         return linear
     except (RuntimeError, AttributeError):  # a dtype or build it does not take
         return None

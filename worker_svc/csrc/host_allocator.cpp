@@ -55,18 +55,18 @@ class BlockCache final : public c10::Allocator {
         ++hits_;
       }
     }
-    if (block == nullptr) {
+    const bool mapped = block == nullptr;
+    if (mapped) {
       block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (block == MAP_FAILED) {
         release_cached();  // what the cache holds may be what the system lacks: try once more without it
         block = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         TORCH_CHECK_WITH(OutOfMemoryError, block != MAP_FAILED, "host block cache: could not map ", size, " bytes");
       }
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++maps_;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      maps_ += mapped;
       live_.emplace(block, size);
     }
     return {block, block, &BlockCache::free_block, c10::Device(c10::DeviceType::CPU)};
@@ -143,8 +143,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", [](int64_t limit_bytes) { BlockCache::instance().install(static_cast<size_t>(limit_bytes)); },
         "make the block cache torch's CPU allocator, keeping at most limit_bytes of freed large blocks",
         pybind11::arg("limit_bytes"));
-  m.def("release_cached", [] { BlockCache::instance().release_cached(); },
-        "return every cached block to the system");
   m.def("stats", [] { return BlockCache::instance().stats(); },
         "cached and live bytes and blocks, the limit, cache hits and fresh mappings");
 }
