@@ -16,6 +16,12 @@ shared host's noise only ever slows a pass (the median of 5 gave 0.21-0.40 TFLOP
 Qwen3-0.6B's decode GEMMs within one afternoon). The JSON also gives, for --input-len / --output-len,
 the requests/s that these rates allow (stepserve/bench/model_flops.py's count), and the CPU.
 
+It also measures the memory bandwidth (`memory_gbps`: the best pass of a sum over --memory-mib of
+float32, far past the caches, on all cores), for the roofline that holds decode steps to their
+reads as well (`roofline_requests_per_second`, `bench throughput`'s `roofline_fraction`): a
+decode step over long contexts reads more bytes (weights, every sequence's KV) than its
+arithmetic can hide.
+
 `bench throughput --gemm-limit FILE` divides its requests/s by the same count at its own
 lengths: `gemm_fraction`. Prompt tokens are held to the prefill rate, generated ones to the
 decode rate, sampled rows to the head's.
@@ -30,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.cpu_info import cpu_summary
-from stepserve.bench.model_flops import Gemm, head_gemm, layer_gemms, limit_requests_per_second, model_config
+from stepserve.bench.model_flops import (Gemm, decode_batch_of, head_gemm, layer_gemms, limit_requests_per_second,
+                                        model_config, roofline_requests_per_second)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -79,7 +86,21 @@ def _best_pass_tflops(gemms: list[Gemm], linears: list[list], inputs: dict, toke
     return sum(g.flops(tokens) for g in gemms) / seconds / 1e12
 
 
-def measure(model: str, dtype_name: str, decode_batch: int, prefill_tokens: int, repeats: int) -> dict:
+def memory_gbps(mebibytes: int, repeats: int) -> float:
+    """GB/s of the best pass of a sum over `mebibytes` of float32 (a read-only stream, all cores)."""
+    data = torch.ones(mebibytes << 18, dtype=torch.float32)
+    for _ in range(2):
+        data.sum()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        seconds.append(time.perf_counter() - start)
+    return data.numel() * data.element_size() / min(seconds) / 1e9
+
+
+def measure(model: str, dtype_name: str, decode_batch: int, prefill_tokens: int, repeats: int,
+            memory_mib: int = 1024) -> dict:
     config = model_config(model)
     dtype = DTYPES[dtype_name]
     layers = layer_gemms(config)
@@ -91,6 +112,7 @@ def measure(model: str, dtype_name: str, decode_batch: int, prefill_tokens: int,
         "prefill_tflops": round(time_gemms(layers, prefill_tokens, dtype, repeats), 3),
         "head_tflops": round(time_gemms([head_gemm(config)], decode_batch, dtype, repeats), 3),
         "decode_tflops_by_gemm": per_gemm,
+        "memory_gbps": round(memory_gbps(memory_mib, repeats), 2),
     }
 
 
@@ -101,14 +123,20 @@ def main(argv=None) -> int:
     p.add_argument("--decode-batch", type=int, default=256)
     p.add_argument("--prefill-tokens", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--input-len", type=int, default=16, help="for limit_requests_per_second")
-    p.add_argument("--output-len", type=int, default=16, help="for limit_requests_per_second")
+    p.add_argument("--memory-mib", type=int, default=1024, help="the buffer the memory bandwidth is read from")
+    p.add_argument("--input-len", type=int, default=16, help="for the requests/s limits")
+    p.add_argument("--output-len", type=int, default=16, help="for the requests/s limits")
+    p.add_argument("--num-prompts", type=int, default=256,
+                   help="for the roofline: this many sequences decode together (at most the scheduler's max_num_seqs)")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
-    result = measure(args.model, args.dtype, args.decode_batch, args.prefill_tokens, args.repeats)
+    result = measure(args.model, args.dtype, args.decode_batch, args.prefill_tokens, args.repeats, args.memory_mib)
     result["input_len"], result["output_len"] = args.input_len, args.output_len
+    config = model_config(args.model)
     result["limit_requests_per_second"] = round(
-        limit_requests_per_second(model_config(args.model), result, args.input_len, args.output_len), 2)
+        limit_requests_per_second(config, result, args.input_len, args.output_len), 2)
+    result["roofline_requests_per_second"] = round(roofline_requests_per_second(
+        config, result, args.input_len, args.output_len, decode_batch_of(args.num_prompts)), 3)
     text = json.dumps(result)
     print(text, flush=True)
     if args.out:

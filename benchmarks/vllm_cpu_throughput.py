@@ -65,7 +65,7 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == args.output_len for o in outputs)
     print(json.dumps({"engine": "vllm-cpu", "num_prompts": args.num_prompts, "elapsed_s": round(elapsed, 3),
-                      "requests_per_s": round(args.num_prompts / elapsed, 2),
+                      "requests_per_s": round(args.num_prompts / elapsed, 4),
                       "sampling": base}), flush=True)
 
 

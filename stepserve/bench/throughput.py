@@ -45,7 +45,8 @@ def add_throughput_args(p: argparse.ArgumentParser) -> None:
     add_sampling_args(p)
     p.add_argument("--gemm-limit", default=None, metavar="PATH",
                    help="benchmarks/matmul_limit.py's JSON for this model: adds gemm_fraction, the requests/s "
-                        "reached over those its measured GEMM rates allow")
+                        "reached over those its measured GEMM rates allow, and roofline_fraction, over those "
+                        "its GEMM rates and memory bandwidth allow")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -117,7 +118,7 @@ async def measure(client: AsyncClient, info: ModelInfo, args: argparse.Namespace
         "replicas": len(health.replicas),
         "window": args.window,
         "elapsed_s": round(elapsed, 3),
-        "requests_per_second": round(args.num_prompts / elapsed, 2),
+        "requests_per_second": round(args.num_prompts / elapsed, 4),
         "tokens_per_second": round((num_prompt_tokens + num_output_tokens) / elapsed, 2),
         "output_tokens_per_second": round(num_output_tokens / elapsed, 2),
         "steps_per_s": health.steps_per_s,
@@ -159,7 +160,7 @@ async def measure_embed(client: AsyncClient, info: ModelInfo, args: argparse.Nam
         "replicas": len(health.replicas),
         "window": args.window,
         "elapsed_s": round(elapsed, 3),
-        "requests_per_second": round(args.num_prompts / elapsed, 2),
+        "requests_per_second": round(args.num_prompts / elapsed, 4),
         "tokens_per_second": round(num_prompt_tokens / elapsed, 2),
         "output_tokens_per_second": 0.0,
         "steps_per_s": health.steps_per_s,
@@ -185,15 +186,23 @@ async def sample_step_timing(client: AsyncClient, batch: asyncio.Future) -> tupl
     return statistics.median(s[1] for s in full), statistics.median(s[2] for s in full)
 
 
-def gemm_fraction(result: dict, args: argparse.Namespace) -> float:
+def limit_fractions(result: dict, args: argparse.Namespace) -> dict:
+    """gemm_fraction, and where the limit's JSON has the memory bandwidth, roofline_fraction
+    (stepserve/bench/model_flops.py): the requests/s reached over those each bound allows."""
     # Here, not at the top: the count reads preset configs from worker_svc, which a client-only
     # install of the CLI does not import.
-    from stepserve.bench.model_flops import limit_requests_per_second, model_config
+    from stepserve.bench.model_flops import (decode_batch_of, limit_requests_per_second, model_config,
+                                            roofline_requests_per_second)
     with open(args.gemm_limit) as f:
         rates = json.load(f)
-    limit = limit_requests_per_second(model_config(args.model), rates, args.input_len + args.prefix_len,
-                                      args.output_len)
-    return result["requests_per_second"] / limit
+    config, rps = model_config(args.model), result["requests_per_second"]
+    input_len = args.input_len + args.prefix_len
+    fractions = {"gemm_fraction": rps / limit_requests_per_second(config, rates, input_len, args.output_len)}
+    if "memory_gbps" in rates:
+        batch = decode_batch_of(args.num_prompts, getattr(args, "max_num_seqs", None))
+        fractions["roofline_fraction"] = rps / roofline_requests_per_second(config, rates, input_len,
+                                                                            args.output_len, batch)
+    return {key: round(value, 3) for key, value in fractions.items()}
 
 
 async def run_throughput(args: argparse.Namespace) -> int:
@@ -206,7 +215,7 @@ async def run_throughput(args: argparse.Namespace) -> int:
         finally:
             await client.close()
     if args.gemm_limit:
-        result["gemm_fraction"] = round(gemm_fraction(result, args), 3)
+        result.update(limit_fractions(result, args))
     result["config"] = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
     print(f"Throughput: {result['requests_per_second']:.2f} requests/s, {result['tokens_per_second']:.2f} total "
           f"tokens/s, {result['output_tokens_per_second']:.2f} output tokens/s", flush=True)

@@ -3,12 +3,16 @@ import json
 import subprocess
 
 from client_sdk import Client, SamplingParams
+from stepserve.bench.model_flops import limit_requests_per_second, model_config, roofline_requests_per_second
 from tests.cli_helpers import SMALL, STEPSERVE, pids, until_ctrl_c
 from tests.e2e_helpers import free_port
 
-def test_bench_throughput_prints_vllm_line_and_json():
+def test_bench_throughput_prints_vllm_line_and_json(tmp_path):
+    rates = {"prefill_tflops": 0.5, "decode_tflops": 0.4, "head_tflops": 0.3, "memory_gbps": 20.0, "dtype": "bfloat16"}
+    (tmp_path / "limit.json").write_text(json.dumps(rates))
     out = subprocess.run([*STEPSERVE, "bench", "throughput", *SMALL, "--num-prompts", "300", "--input-len", "8",
-                          "--output-len", "4", "--prefix-len", "32", "--json"], capture_output=True, text=True, timeout=300)
+                          "--output-len", "4", "--prefix-len", "32", "--gemm-limit", str(tmp_path / "limit.json"),
+                          "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-2].startswith("Throughput: ") and "requests/s" in lines[-2] and "output tokens/s" in lines[-2]
@@ -22,6 +26,10 @@ def test_bench_throughput_prints_vllm_line_and_json():
     # steps compute it themselves, and the later ones find both blocks.
     assert result["prefix_len"] == 32 and result["prefix_cache_queries"] == 300 * 40
     assert result["prefix_cache_hits"] >= 32 and result["prefix_cache_hits"] % 32 == 0
+    # the fractions count the whole 40-token prompts, the 300 sequences decoding together
+    config, rps = model_config("micro-llama"), result["requests_per_second"]
+    assert result["gemm_fraction"] == round(rps / limit_requests_per_second(config, rates, 40, 4), 3)
+    assert result["roofline_fraction"] == round(rps / roofline_requests_per_second(config, rates, 40, 4, 256), 3)
 
 
 def test_generate_prints_a_completion():

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from benchmarks.hf_generate import build_hf_model
-from stepserve.bench.model_flops import head_gemm, layer_gemms, limit_requests_per_second, model_config, request_flops
+from stepserve.bench.model_flops import (attention_flops, head_gemm, kv_bytes_per_token, layer_gemms,
+                                        limit_requests_per_second, model_config, request_flops,
+                                        roofline_requests_per_second, weight_bytes)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-opt"])
@@ -35,6 +37,43 @@ def test_limit_is_the_time_each_part_takes_at_its_rate():
     assert limit_requests_per_second(config, slow_head, 16, 16) < limit_requests_per_second(config, same, 16, 16)
 
 
+def test_qwen3_0_6b_kv_and_weights_a_decode_step_reads():
+    """The figures the 512/128 trace was read with: 2 GiB of bf16 KV holds 18,724 tokens, and a
+    decode step reads ~1.2 GB of weights (the tied head counted as the head it is)."""
+    config = model_config("qwen3-0.6b")
+    assert kv_bytes_per_token(config, 2) == 114_688
+    assert (2 << 30) // kv_bytes_per_token(config, 2) == 18_724
+    assert round(weight_bytes(config, 2) / 1e9, 2) == 1.19
+
+
+def test_roofline_with_unbounded_memory_is_the_arithmetic_attention_included():
+    config = model_config("tiny-llama")
+    rates = {"prefill_tflops": 1.0, "decode_tflops": 1.0, "head_tflops": 1.0, "memory_gbps": 1e12,
+             "dtype": "bfloat16"}
+    attention = attention_flops(config, 16 * 17 // 2) + sum(attention_flops(config, c) for c in range(17, 32))
+    expected = 1e12 / (request_flops(config, 16, 16) + attention)
+    assert roofline_requests_per_second(config, rates, 16, 16, decode_batch=256) == pytest.approx(expected)
+    assert expected < limit_requests_per_second(config, rates, 16, 16)
+
+
+def test_roofline_holds_long_decodes_to_their_reads():
+    """At 512 in / 128 out with a slow memory, every decode step costs its reads: the weights
+    shared by the batch and each sequence's own KV, so a bigger batch helps only the first."""
+    config = model_config("qwen3-0.6b")
+    fast = {"prefill_tflops": 1e6, "decode_tflops": 1e6, "head_tflops": 1e6, "memory_gbps": 1.0,
+            "dtype": "bfloat16"}
+    kv = kv_bytes_per_token(config, 2)
+
+    def reads(batch):
+        return sum(weight_bytes(config, 2) / batch + c * kv for c in range(513, 640)) / 1e9
+
+    for batch in (1, 32):
+        assert 1 / roofline_requests_per_second(config, fast, 512, 128, batch) == pytest.approx(reads(batch), rel=1e-3)
+    float32 = {**fast, "dtype": "float32"}
+    assert roofline_requests_per_second(config, float32, 512, 128, 32) == pytest.approx(
+        roofline_requests_per_second(config, fast, 512, 128, 32) / 2, rel=1e-3)
+
+
 def test_matmul_limit_runs_with_the_prepacked_linear():
     """benchmarks/matmul_limit.py times oneDNN's prepacked linear beside F.linear (F.linear alone
     understated the limit): the prepacked one computes the same product, and the limit comes out."""
@@ -44,5 +83,6 @@ def test_matmul_limit_runs_with_the_prepacked_linear():
     prepacked = matmul_limit._prepacked_linear(weight, 8)
     if torch.backends.mkldnn.is_available():
         torch.testing.assert_close(prepacked(x), torch.nn.functional.linear(x, weight))
-    result = matmul_limit.measure("tiny-llama", "bfloat16", decode_batch=8, prefill_tokens=16, repeats=1)
-    assert all(result[key] > 0 for key in ("decode_tflops", "prefill_tflops", "head_tflops"))
+    result = matmul_limit.measure("tiny-llama", "bfloat16", decode_batch=8, prefill_tokens=16, repeats=1,
+                                  memory_mib=16)
+    assert all(result[key] > 0 for key in ("decode_tflops", "prefill_tflops", "head_tflops", "memory_gbps"))
