@@ -25,6 +25,7 @@ CASES = [  # num_heads, num_kv_heads, head_dim, block_size, dtype, window, softc
     # each key once for all heads (scores_by_key, values_by_key); shorter ones walk per head
     (16, 8, 128, 16, torch.bfloat16, None, None),
     (8, 4, 128, 16, torch.float32, 40, 30.0),
+    (6, 2, 128, 16, torch.float32, None, None),  # per key, 3 heads a KV head: one head at a time
 ]
 
 
