@@ -46,12 +46,17 @@ def model_config(model: str) -> dict:
     return config.get("text_config", config)
 
 
+def _attention_shape(config: dict) -> tuple[int, int, int, int]:
+    """(layers, query heads, KV heads, head_dim)."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return config["num_hidden_layers"], heads, config.get("num_key_value_heads", heads), head_dim
+
+
 def layer_gemms(config: dict) -> list[Gemm]:
     """The linear layers every token goes through, over all decoder layers (the head apart)."""
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or hidden // heads
+    hidden = config["hidden_size"]
+    layers, heads, kv_heads, head_dim = _attention_shape(config)
     mlp = config.get("intermediate_size") or config.get("ffn_dim") or 4 * hidden
     gemms = [Gemm("qkv", hidden, (heads + 2 * kv_heads) * head_dim, layers),
              Gemm("o", heads * head_dim, hidden, layers)]
@@ -85,13 +90,6 @@ def limit_requests_per_second(config: dict, rates: dict, input_len: int, output_
 
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def _attention_shape(config: dict) -> tuple[int, int, int, int]:
-    """(layers, query heads, KV heads, head_dim)."""
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return config["num_hidden_layers"], heads, config.get("num_key_value_heads", heads), head_dim
 
 
 def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
