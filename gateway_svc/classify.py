@@ -1,12 +1,10 @@
 """POST /v1/classify, in vLLM's shape: each input's probabilities over the model's labels (its
 id2label) and the most likely label."""
-import time
-
 from gateway_svc.embeddings import checked_prompts
 from gateway_svc.ids import new_id
 from gateway_svc.openai_requests import checked_request
 from gateway_svc.pooling_requests import ClassificationRequest
-from gateway_svc.responses import PoolingJob
+from gateway_svc.responses import ListEnvelope, PoolingJob
 from gateway_svc.upstream import Upstream
 from protocol.pooling import PoolingParams
 
@@ -18,7 +16,7 @@ async def classify_job(body: bytes, upstream: Upstream) -> PoolingJob:
     prompts = await checked_prompts(upstream, info, req.input)
     params = PoolingParams(task="classify", activation=req.activation)
     labels = info.pooling.labels
-    request_id, model_name, created = new_id("classify-"), upstream.name_of(info), int(time.time())
+    envelope = ListEnvelope(new_id("classify-"), upstream.name_of(info))
 
     def body(values: list[list[float]], num_tokens: int) -> dict:
         data = []
@@ -26,11 +24,10 @@ async def classify_job(body: bytes, upstream: Upstream) -> PoolingJob:
             best = max(range(len(probs)), key=probs.__getitem__)
             data.append({"index": i, "label": labels[best] if best < len(labels) else str(best), "probs": probs,
                          "num_classes": len(probs)})
-        return {"id": request_id, "object": "list", "created": created, "model": model_name, "data": data,
-                "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+        return envelope.body(data, num_tokens)
 
     async def answer(priority: int) -> dict:
         outputs = await upstream.client.classify(prompts, pooling_params=params, priority=priority)
         return body([o.outputs.probs for o in outputs], sum(len(o.prompt_token_ids) for o in outputs))
 
-    return PoolingJob(request_id, req.priority, answer, prompts, [params] * len(prompts), body)
+    return PoolingJob(envelope.request_id, req.priority, answer, prompts, [params] * len(prompts), body)

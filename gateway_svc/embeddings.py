@@ -2,7 +2,6 @@
 floats or as base64 of their float32 little-endian bytes (what the openai client asks for by
 default and decodes with numpy)."""
 import base64
-import time
 
 import numpy as np
 
@@ -11,7 +10,7 @@ from gateway_svc.errors import bad_request
 from gateway_svc.ids import new_id
 from gateway_svc.openai_requests import checked_request
 from gateway_svc.pooling_requests import EmbeddingRequest
-from gateway_svc.responses import PoolingJob, check_token_ids
+from gateway_svc.responses import ListEnvelope, PoolingJob, check_token_ids
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import ModelInfo
 from protocol.pooling import PoolingParams
@@ -46,16 +45,15 @@ async def embedding_job(body: bytes, upstream: Upstream) -> PoolingJob:
         raise bad_request(f"dimensions must be in [1, {info.pooling.size}] (the model's embedding size)",
                           param="dimensions")
     params = PoolingParams(task="embed", dimensions=req.dimensions, normalize=req.normalize)
-    request_id, model_name, created = new_id("embd-"), upstream.name_of(info), int(time.time())
+    envelope = ListEnvelope(new_id("embd-"), upstream.name_of(info))
 
     def body(embeddings: list[list[float]], num_tokens: int) -> dict:
         data = [{"object": "embedding", "index": i, "embedding": encoded(embedding, req.encoding_format)}
                 for i, embedding in enumerate(embeddings)]
-        return {"id": request_id, "object": "list", "created": created, "model": model_name, "data": data,
-                "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+        return envelope.body(data, num_tokens)
 
     async def answer(priority: int) -> dict:
         outputs = await upstream.client.embed(prompts, pooling_params=params, priority=priority)
         return body([o.outputs.embedding for o in outputs], sum(len(o.prompt_token_ids) for o in outputs))
 
-    return PoolingJob(request_id, req.priority, answer, prompts, [params] * len(prompts), body)
+    return PoolingJob(envelope.request_id, req.priority, answer, prompts, [params] * len(prompts), body)

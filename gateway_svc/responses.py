@@ -75,6 +75,19 @@ class PoolingJob:
     body: Callable[[list[list[float]], int], dict] | None = None
 
 
+@dataclass(frozen=True)
+class ListEnvelope:
+    """What a pooling endpoint's list answer (/v1/embeddings, /v1/classify, /v1/score) carries
+    around its data: its id, model and creation time (when the request was taken), and usage."""
+    request_id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def body(self, data: list[dict], num_tokens: int) -> dict:
+        return {"id": self.request_id, "object": "list", "created": self.created, "model": self.model, "data": data,
+                "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
 class Formatter:
     """What an endpoint's bodies look like."""
 

@@ -1,13 +1,12 @@
 """POST /v1/score and /v1/rerank (also /rerank, /v2/rerank), in vLLM's (and Cohere's) shapes:
 text pairs scored by a cross-encoder (its one label's probability) or by an embedder (the
 cosine of the two embeddings), as the SDK's score() computes them."""
-import time
 
 from gateway_svc.errors import bad_request
 from gateway_svc.ids import new_id
 from gateway_svc.openai_requests import checked_request
 from gateway_svc.pooling_requests import RerankRequest, ScoreRequest
-from gateway_svc.responses import PoolingJob
+from gateway_svc.responses import ListEnvelope, PoolingJob
 from gateway_svc.upstream import Upstream
 from protocol.client_messages import ModelInfo
 
@@ -31,16 +30,15 @@ async def score_job(body: bytes, upstream: Upstream) -> PoolingJob:
     req, info = await checked_request(body, ScoreRequest, upstream, "/v1/score", SCORING_TASKS)
     _require_one_label(info, "/v1/score")
     upstream.limits.check_num_prompts(max(_num_texts(req.text_1), _num_texts(req.text_2)))
-    request_id, model_name, created = new_id("score-"), upstream.name_of(info), int(time.time())
+    envelope = ListEnvelope(new_id("score-"), upstream.name_of(info))
 
     async def answer(priority: int) -> dict:
         outputs = await upstream.client.score(req.text_1, req.text_2, priority=priority)
         num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
         data = [{"index": i, "object": "score", "score": o.outputs.score} for i, o in enumerate(outputs)]
-        return {"id": request_id, "object": "list", "created": created, "model": model_name, "data": data,
-                "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+        return envelope.body(data, num_tokens)
 
-    return PoolingJob(request_id, req.priority, answer)
+    return PoolingJob(envelope.request_id, req.priority, answer)
 
 
 async def rerank_job(body: bytes, upstream: Upstream) -> PoolingJob:

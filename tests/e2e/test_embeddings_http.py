@@ -108,6 +108,27 @@ def test_token_ids_dimensions_and_a_single_text(embed_url, bert_folder):
     assert len(short) == 16 and np.allclose(short, head / np.linalg.norm(head), atol=1e-6)
 
 
+def test_classify_answers_each_input_in_vllms_shape(rerank_url, reranker_folder):
+    """/v1/classify on a one-label cross-encoder: each text alone, the sigmoid of its logit, as
+    transformers gives it, in the list envelope the other pooling endpoints share."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(reranker_folder)
+    model = AutoModelForSequenceClassification.from_pretrained(reranker_folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = [torch.sigmoid(model(**tokenizer(text, return_tensors="pt")).logits[0, 0]).item()
+                    for text in TEXTS[:2]]
+    status, text = post_json(f"{rerank_url}/v1/classify", {"model": model_name(rerank_url), "input": TEXTS[:2]})
+    assert status == 200, text
+    body = json.loads(text)
+    assert body["id"].startswith("classify-") and body["object"] == "list" and isinstance(body["created"], int)
+    assert body["model"] == model_name(rerank_url)
+    label = AutoConfig.from_pretrained(reranker_folder).id2label[0]
+    assert [(d["index"], d["label"], d["num_classes"]) for d in body["data"]] == [(0, label, 1), (1, label, 1)]
+    assert np.allclose([d["probs"][0] for d in body["data"]], expected, atol=1e-5)
+    num_tokens = sum(len(tokenizer(text).input_ids) for text in TEXTS[:2])
+    assert body["usage"] == {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
+
+
 def test_models_lists_the_task(embed_url, rerank_url):
     assert openai_client(embed_url).models.list().data[0].model_extra["task"] == "embed"
     assert openai_client(rerank_url).models.list().data[0].model_extra["task"] == "classify"
