@@ -112,7 +112,9 @@ def weight_bytes(config: dict, dtype_bytes: int) -> int:
 
 def decode_batch_of(num_prompts: int, max_num_seqs: int | None = None) -> int:
     """The sequences that decode together when num_prompts are handed over at once: all of them, up
-    to the scheduler's max_num_seqs (its default unless given; vLLM's is the same 256)."""
+    to the scheduler's max_num_seqs (its default unless given; vLLM's is the same 256). That is one
+    replica's batch: where several replicas split the prompts (a small model, one per core), each
+    reads its weights for fewer sequences, and the roofline is looser than it could be."""
     return min(num_prompts, max_num_seqs or SchedulerConfig.max_num_seqs)
 
 
