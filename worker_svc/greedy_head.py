@@ -18,18 +18,17 @@ head run for nothing cost a bucket's worth, a pass over the whole head's weights
 4 ms batch-1 tiny-llama step; a third of a GB for Qwen3-0.6B).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
 class ForwardWithGreedyHead(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model  # its lm_head_weight [V, hidden] is the head: shared, not a copy
+        self.model = model  # its head_logits: the head's weight shared, not a copy
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 greedy_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions [T]; greedy_indices [S] rows of the hidden states ->
         hidden [T, hidden], the argmax token id of each indexed row [S] int64."""
         hidden = self.model(input_ids, positions)
-        return hidden, F.linear(hidden[greedy_indices], self.model.lm_head_weight).argmax(dim=-1)
+        return hidden, self.model.head_logits(hidden[greedy_indices]).argmax(dim=-1)

@@ -29,11 +29,13 @@ import time
 import numpy as np
 import torch
 
+from worker_svc import linear_kernel
 from worker_svc.greedy_head import ForwardWithGreedyHead
 from worker_svc.sampler import argmax_rows
 
 log = logging.getLogger(__name__)
-TOKEN_BUCKET = 8  # token counts are padded to a multiple of this
+TOKEN_BUCKET = 8  # token counts past it are padded to a multiple of it
+SERIAL_CHUNK = 1 << 40  # inductor's smallest share of a kernel a thread takes: none is ever split
 
 _num_compilations = 0
 
@@ -52,7 +54,11 @@ def num_compilations() -> int:
 
 
 def padded_size(num: int) -> int:
-    return max(TOKEN_BUCKET, -(-num // TOKEN_BUCKET) * TOKEN_BUCKET)
+    """Up to a bucket, the count itself (at least 2): a decode step of a few sequences computes
+    no padding rows, each of which the linear layers' kernel would multiply with every weight."""
+    if num <= TOKEN_BUCKET:
+        return max(2, num)
+    return -(-num // TOKEN_BUCKET) * TOKEN_BUCKET
 
 
 class ModelExecutor:
@@ -69,6 +75,12 @@ class ModelExecutor:
             import torch._inductor.config as inductor_config
             import torch.fx.experimental._config as fx_config
             inductor_config.freezing = True
+            # The fused elementwise kernels run on the calling thread: inductor decides a kernel's
+            # threads once, from the compile-time token count, and a kernel forked over threads
+            # for a decode step's few rows cost a wake-up per kernel (the worker's OpenMP
+            # threads wait passively) for a microsecond of work. A prefill's wide kernels lose
+            # little against the GEMMs beside them.
+            inductor_config.cpp.min_chunk_size = SERIAL_CHUNK
             fx_config.use_duck_shape = False
             # Every executor compiles the same code objects (its model class's forward,
             # ForwardWithGreedyHead.forward) for weights of its own: one cache entry each, not a recompile
@@ -76,6 +88,7 @@ class ModelExecutor:
             # running ModelRunners in-process) met dynamo's limit of 8 entries per code object
             # and, with fullgraph, failed at the ninth.
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+            linear_kernel.pack_weights(model)  # what inductor's freezing packed before, once for every graph
             compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
             self._forward = compile(ForwardWithGreedyHead(model) if self.has_head else model)
             # A step with no greedy rows passes none: torch.compile specialises a dimension of

@@ -27,7 +27,8 @@ import torch
 from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, malloc_policy, status
+from worker_svc import (compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, linear_kernel,
+                        malloc_policy, status)
 from worker_svc.attention import build_attention_metadata
 from worker_svc.encoder_attention import build_encoder_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
@@ -169,8 +170,10 @@ class ModelRunner:
             log.info("tensor-parallel ranks run eagerly (collectives are not compiled)")
             compile_model = False
         compile_cache.configure(config.compile_cache_dir)
-        if self.device.type == "cpu" and self.spec.num_attention_layers:
-            decode_kernel.load()
+        if self.device.type == "cpu":
+            linear_kernel.load()
+            if self.spec.num_attention_layers:
+                decode_kernel.load()
         return ModelExecutor(self.model, self.device, compile_model)
 
     def _padding_forward(self, num_tokens: int, greedy_indices: np.ndarray | None = None) -> torch.Tensor:

@@ -20,10 +20,10 @@ step's attention metadata and state layout, from the forward context
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.kv_cache import CacheSpec
+from worker_svc.linear_kernel import linear, pack
 from worker_svc.models.layers import load_hf_weights
 
 
@@ -72,10 +72,23 @@ class CausalLM(HFModel):
             return getattr(self, self.input_embedding).weight
         return self.lm_head.weight
 
+    def pack_weights(self) -> int:
+        """A tied head's weight packed for the CPU's linear op (linear_kernel.pack_weights); a
+        head of its own is a Linear, which packs itself."""
+        if not self.tie_word_embeddings:
+            return 0
+        self.register_buffer("tied_head_packed", pack(self.lm_head_weight), persistent=False)
+        return int(self.tied_head_packed is not None)
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[S, hidden] -> [S, vocab] in the model's dtype, before any soft-capping."""
+        packed = getattr(self, "tied_head_packed", None) if self.tie_word_embeddings else self.lm_head.packed_weight
+        return linear(hidden, self.lm_head_weight, None, packed)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # [S, hidden] -> [S, vocab], left in the model's dtype: a float32 copy would hold the same
         # values, and the sampling kernel reads bfloat16 rows as they are (half the bytes).
-        logits = F.linear(hidden, self.lm_head_weight)
+        logits = self.head_logits(hidden)
         cap = self.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits.float() / cap) * cap
 

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker_svc.linear_kernel import linear, pack
+
 
 def parameter(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     """An uninitialised, frozen parameter (the loader fills it)."""
@@ -31,9 +33,14 @@ class Linear(nn.Module):
         self.bias = parameter(out_features, dtype=dtype) if bias else None
         assert not shard_sizes or sum(shard_sizes) == out_features
         self.shard_sizes = shard_sizes
+        self.register_buffer("packed_weight", None, persistent=False)  # linear_kernel.pack_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed_weight)
+
+    def pack_weights(self) -> int:
+        self.packed_weight = pack(self.weight)
+        return int(self.packed_weight is not None)
 
     @property
     def full_shard_sizes(self) -> tuple[int, ...]:

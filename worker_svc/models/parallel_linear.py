@@ -7,8 +7,8 @@ holds a partial sum of y; one all_reduce makes the full y on every rank. Attenti
 per block. At a tensor-parallel size of 1 both are plain Linears.
 """
 import torch
-import torch.nn.functional as F
 
+from worker_svc.linear_kernel import linear
 from worker_svc.models.layers import Linear
 from worker_svc.parallel import TensorParallel
 
@@ -50,8 +50,8 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)  # x: [T, in] -> [T, out]
-        y = self.tp.all_reduce(F.linear(x, self.weight))  # x: [T, in / N] -> partial y [T, out]
+            return linear(x, self.weight, self.bias, self.packed_weight)  # x: [T, in] -> [T, out]
+        y = self.tp.all_reduce(linear(x, self.weight, None, self.packed_weight))  # x: [T, in / N] -> partial y [T, out]
         return y if self.bias is None else y + self.bias
 
     def full_shape(self, param_name: str) -> torch.Size:
