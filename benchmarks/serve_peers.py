@@ -1,8 +1,12 @@
-"""`vllm bench serve` against `stepserve serve` and `vllm serve`, side by side in one script, on the
-same Hugging Face folder, engines alternating (A B, then B A).
+"""`vllm bench serve` against `stepserve serve`, `vllm serve` and llama.cpp's `llama-server`, side by
+side in one script, on the same Hugging Face folder (llama.cpp: its GGUF conversions), engines
+alternating (A B C, then C B A).
 
     python -m benchmarks.serve_peers --model models/tiny-llama --vllm-python VENV/bin/python \\
         --case 1:64 --case 16:512 --case 256:2000 --sampling default --sampling greedy --rounds 2 --json
+    python -m benchmarks.serve_peers --model models/qwen3-0.6b --vllm-python VENV/bin/python \\
+        --llama-server BUILD/bin/llama-server --gguf bf16=qwen3-bf16.gguf --gguf q8_0=qwen3-q8_0.gguf \\
+        --input-len 128 --output-len 64 --case 1:8 --case 32:64 --sampling greedy
 
 Each round starts each engine's server afresh, each with its own defaults (--stepserve-arg and
 --vllm-arg add flags), warms it with an untimed run (twice the highest concurrency's prompts at
@@ -11,13 +15,17 @@ it with vLLM's benchmark client: its random dataset, --input-len tokens in and -
 streamed completions, EOS ignored. Sampling `default` sends no temperature, so each server's
 default (1.0); `greedy` sends temperature 0. vLLM's CLI runs through benchmarks/vllm_cli.py, and
 its server with tcmalloc and Intel OpenMP preloaded when found and a KV cache of
---vllm-kv-cache-gb, as its docs recommend for CPUs.
+--vllm-kv-cache-gb, as its docs recommend for CPUs. llama-server (--llama-server, one engine per
+--gguf NAME=FILE, named llama.cpp-NAME: the folder converted, at the bits NAME says) gets every
+core's threads, a slot per request of the highest concurrency, each slot the context of one
+request, and continuous batching (../shared/peers/llamacpp/README.md, built from the sdist there).
 
 Without --vllm-python only stepserve runs, measured by `stepserve bench serve` (the same
 metrics, its own client): what the test does. Besides the client's figures, every run records
 the CPU seconds each server process used (scheduler, workers, gateway: where a request's cost
-goes). Prints one JSON line per run and a summary with medians, the ratio of requests/s, and
-whether stepserve's TTFT p50 and p99 and TPOT p50 are at or below vLLM's; with the CPU named.
+goes). Prints one JSON line per run and a summary with medians and, against each other engine,
+the ratio of requests/s and whether stepserve's TTFT p50 and p99 and TPOT p50 are at or below
+its; with the CPU named.
 """
 import argparse
 import contextlib
@@ -40,6 +48,7 @@ METRICS = ("request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_m
 # stepserve's figure must be at or below vLLM's for each of these.
 LATENCY_TARGETS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms")
 _VLLM_CLI = os.path.join(os.path.dirname(__file__), "vllm_cli.py")
+LLAMA_CPP = "llama.cpp-"  # the engines of --gguf NAME=FILE: llama.cpp-NAME
 
 
 def _free_port() -> int:
@@ -135,6 +144,13 @@ def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[li
         return ([sys.executable, "-m", "stepserve.cli", "serve", "--model", args.model, "--dtype", args.dtype,
                  "--port", str(port), "--served-model-name", args.served_model_name, *args.stepserve_arg],
                 dict(os.environ))
+    if engine.startswith(LLAMA_CPP):
+        slots = max(concurrency for concurrency, _ in args.case)
+        context = args.input_len + args.output_len + 16  # a slot's: one request, with room for its template
+        threads = str(os.cpu_count() or 1)
+        return ([args.llama_server, "-m", args.gguf[engine.removeprefix(LLAMA_CPP)], "--alias", args.served_model_name,
+                 "--host", "127.0.0.1", "--port", str(port), "-t", threads, "-tb", threads, "-np", str(slots),
+                 "-c", str(slots * context), "--cont-batching", "--cache-ram", "0", *args.llama_arg], dict(os.environ))
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", LD_PRELOAD=vllm_preload(args.vllm_python),
                VLLM_CPU_KVCACHE_SPACE=str(args.vllm_kv_cache_gb))
     return ([args.vllm_python, _VLLM_CLI, "serve", args.model, "--dtype", args.dtype, "--port", str(port),
@@ -184,7 +200,7 @@ def run_client(args: argparse.Namespace, port: int, server_pid: int, concurrency
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """Medians per (concurrency, sampling, engine), and stepserve against vLLM where both ran."""
+    """Medians per (concurrency, sampling, engine), and stepserve against each other engine that ran."""
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for run in runs:
         groups.setdefault((run["concurrency"], run["sampling"]), {}).setdefault(run["engine"], []).append(run)
@@ -194,24 +210,25 @@ def summarize(runs: list[dict]) -> list[dict]:
         for engine, engine_runs in engines.items():
             row[engine] = {key: round(statistics.median(r[key] for r in engine_runs), 2) for key in METRICS}
             row[engine]["failed"] = sum(r["failed"] for r in engine_runs)
-        if "stepserve" in engines and "vllm" in engines:
-            ours, theirs = row["stepserve"], row["vllm"]
-            row["ratio"] = round(ours["request_throughput"] / theirs["request_throughput"], 2)
-            row["latency_at_or_below_vllm"] = {key: ours[key] <= theirs[key] for key in LATENCY_TARGETS}
+        others = [engine for engine in engines if engine != "stepserve"]
+        if "stepserve" in engines and others:
+            ours = row["stepserve"]
+            row["vs"] = {engine: {"ratio": round(ours["request_throughput"] / row[engine]["request_throughput"], 2),
+                                  "latency_at_or_below": {key: ours[key] <= row[engine][key] for key in LATENCY_TARGETS}}
+                         for engine in others}
         summary.append(row)
     return summary
 
 
 def _line(row: dict) -> str:
     parts = [f"c={row['concurrency']} {row['sampling']}:"]
-    for engine in ("stepserve", "vllm"):
-        if engine in row:
-            m = row[engine]
-            parts.append(f"{engine} {m['request_throughput']:.1f} req/s, TTFT p50/p99 {m['median_ttft_ms']:.0f}/"
+    for engine, m in row.items():
+        if isinstance(m, dict) and "request_throughput" in m:
+            parts.append(f"{engine} {m['request_throughput']:.2f} req/s, TTFT p50/p99 {m['median_ttft_ms']:.0f}/"
                          f"{m['p99_ttft_ms']:.0f} ms, TPOT p50/p99 {m['median_tpot_ms']:.1f}/"
                          f"{m['p99_tpot_ms']:.1f} ms, {m['failed']} failed;")
-    if "ratio" in row:
-        parts.append(f"{row['ratio']:.2f}x")
+    for engine, versus in row.get("vs", {}).items():
+        parts.append(f"{versus['ratio']:.2f}x {engine};")
     return " ".join(parts)
 
 
@@ -221,8 +238,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--served-model-name", default=None, help="default: the folder's name")
     p.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu; without it, stepserve only")
-    p.add_argument("--engine", action="append", choices=("stepserve", "vllm"), default=None,
-                   help="repeatable (default: both with --vllm-python, else stepserve)")
+    p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary, for the --gguf engines")
+    p.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE",
+                   help="repeatable: the model as GGUF (e.g. bf16=m-bf16.gguf), served as engine llama.cpp-NAME")
+    p.add_argument("--engine", action="append", default=None,
+                   help="repeatable: stepserve, vllm, llama.cpp-NAME (default: stepserve, vllm with --vllm-python, "
+                        "and every --gguf)")
     p.add_argument("--case", action="append", default=None, metavar="CONCURRENCY:NUM_PROMPTS",
                    help="repeatable (default: 1:64, 16:512, 256:2000)")
     p.add_argument("--sampling", action="append", choices=("default", "greedy"), default=None,
@@ -233,6 +254,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for `stepserve serve`")
     p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
+    p.add_argument("--llama-arg", action="append", default=[], help="extra flag for `llama-server`")
     p.add_argument("--vllm-kv-cache-gb", type=int, default=2,
                    help="VLLM_CPU_KVCACHE_SPACE for vllm serve: left unset, vllm-cpu 0.32 sized its KV cache to "
                         "nearly all of a 24 GB host's memory and thrashed at concurrency 256")
@@ -245,9 +267,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
     args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("1:64", "16:512", "256:2000")]
     args.sampling = args.sampling or ["default", "greedy"]
-    args.engine = args.engine or (["stepserve", "vllm"] if args.vllm_python else ["stepserve"])
+    args.gguf = dict(spec.split("=", 1) for spec in args.gguf)
+    llama_engines = [LLAMA_CPP + name for name in args.gguf]
+    args.engine = args.engine or ["stepserve", *(["vllm"] if args.vllm_python else []), *llama_engines]
+    for engine in args.engine:
+        if engine not in ("stepserve", "vllm", *llama_engines):
+            p.error(f"--engine {engine}: one of stepserve, vllm, or llama.cpp-NAME of a --gguf NAME=FILE")
     if "vllm" in args.engine and not args.vllm_python:
         p.error("--engine vllm needs --vllm-python")
+    if llama_engines and not args.llama_server:
+        p.error("--gguf needs --llama-server")
     return args
 
 

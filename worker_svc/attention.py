@@ -8,7 +8,7 @@ runner orders a step's sequences decodes first, so the token axis of a forward i
 and one AttentionMetadata per step, built in numpy and shared by every attention layer, says
 where each part lies:
 - decodes run a paged kernel whose cost follows each sequence's own context length (no gather,
-  no padding, no mask): C++ on CPU (decode_kernel.py; the same call stores the step's K/V, so a
+  no padding, no mask): C++ on CPU (step_kernels.py; the same call stores the step's K/V, so a
   layer's write and decode are one native call), Triton on CUDA (triton_decode.py); plain torch
   where neither is available (gather the blocks, mask past each context, SDPA);
 - prefills in bfloat16 on a CPU with AVX512-BF16 run a flash-style C++ kernel (prefill_kernel.py)
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker_svc import decode_kernel, prefill_kernel, triton_decode
+from worker_svc import prefill_kernel, step_kernels, triton_decode
 from worker_svc.forward_context import get_forward_context
 from worker_svc.kv_cache import num_blocks_for_tokens
 
@@ -150,10 +150,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     """q: [T, H, D], k/v: [T, Hkv, D] (this step's tokens) -> out [T, H * D].
 
     The new K/V are written first, so decodes and resumed prefills read their whole context
-    from the cache. On CPU one C++ call writes them and runs the decodes (decode_kernel.py)."""
+    from the cache. On CPU one C++ call writes them and runs the decodes (step_kernels.py)."""
     num_tokens, num_heads, head_dim = q.shape
     out = q.new_empty(num_tokens, num_heads, head_dim)
-    if q.device.type == "cpu" and (module := decode_kernel.load()) is not None:
+    if q.device.type == "cpu" and (module := step_kernels.load()) is not None:
         # stores the real tokens' K/V (not the padding's), attends the decodes, zeros the padding
         q_rows, k_rows, v_rows = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         module.write_kv_and_decode(out, q_rows, k_rows, v_rows, kv_cache[0], kv_cache[1], meta.slot_mapping,

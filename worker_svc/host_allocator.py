@@ -13,7 +13,7 @@ CACHE_LIMIT_BYTES = 1 << 30  # freed large blocks kept at most: a long prefill's
 @functools.cache
 def load() -> object | None:
     """The extension module (`install`, `stats`), or None where it does not build."""
-    return native_build.build("host_allocator.cpp", "stepserve_host_allocator", "host block cache")
+    return native_build.build(["host_allocator.cpp"], "stepserve_host_allocator", "host block cache")
 
 
 def install(limit_bytes: int = CACHE_LIMIT_BYTES) -> bool:

@@ -1,8 +1,8 @@
-"""The linear layers' op on the CPU: `stepserve::linear` (csrc/small_batch_linear.cpp), built on
-first use (native_build.py), and the weights packed for it at load.
+"""The linear layers' op on the CPU: `stepserve::linear` (csrc/small_batch_linear.cpp, one of the
+step kernels: step_kernels.py), and the weights packed for it at load.
 
 A decode step of a few sequences reads every weight to multiply it with a few rows: the op's own
-kernel streams the weights as the model holds them, on a pool of threads of its own. Past a few
+kernel streams the weights as the model holds them, on the step kernels' own threads. Past a few
 rows the op calls oneDNN's GEMM on a copy of the weight packed for it once at load
 (pack_weights), the call inductor's frozen graph made before: so a compiled graph holds no packed
 copies of its own, and every graph of the model (with the greedy head, without it, the logits)
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc import native_build
+from worker_svc import step_kernels
 
 log = logging.getLogger(__name__)
 _loaded = False  # torch.ops.stepserve.linear is there (load)
@@ -24,10 +24,10 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)  # oneDNN's GEMM on a packed wei
 
 @functools.cache
 def load() -> object | None:
-    """The extension module (which registers torch.ops.stepserve.linear as it loads), or None where
-    it does not build."""
+    """The step kernels' module (loading it registers torch.ops.stepserve.linear), or None where it
+    does not build."""
     global _loaded
-    module = native_build.build("small_batch_linear.cpp", "stepserve_small_batch_linear", "linear kernel")
+    module = step_kernels.load()
     if module is not None:
         torch.library.register_fake("stepserve::linear")(_linear_shape)
         _loaded = True

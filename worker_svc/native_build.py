@@ -29,10 +29,11 @@ def _cpu_flags() -> str:
         return ""
 
 
-def build(source_name: str, module_prefix: str, what: str) -> object | None:
-    """The extension module built from csrc/source_name, or None where it does not build.
-    what: the kernel in words, for the status line of a first build and the log."""
-    files = [os.path.join(CSRC, source_name), *sorted(glob.glob(os.path.join(CSRC, "*.h")))]
+def build(sources: list[str], module_prefix: str, what: str) -> object | None:
+    """The extension module built from csrc/SOURCE for each of sources (one of them binds the
+    module), or None where it does not build. what: the kernel in words, for the status line of a
+    first build and the log."""
+    files = [*(os.path.join(CSRC, name) for name in sources), *sorted(glob.glob(os.path.join(CSRC, "*.h")))]
     digest = hashlib.sha256(_cpu_flags().encode())
     for path in files:
         with open(path, "rb") as f:
@@ -49,7 +50,7 @@ def build(source_name: str, module_prefix: str, what: str) -> object | None:
                 copy = os.path.join(build_dir, os.path.basename(path))
                 shutil.copyfile(path, copy + ".partial")
                 os.replace(copy + ".partial", copy)
-        module = load_extension(name, [os.path.join(build_dir, source_name)], build_directory=build_dir,
+        module = load_extension(name, [os.path.join(build_dir, source) for source in sources], build_directory=build_dir,
                                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-strict-aliasing"],
                                 extra_ldflags=["-fopenmp"])
     except Exception as exc:  # noqa: BLE001 - no compiler, headers, ninja: run without it

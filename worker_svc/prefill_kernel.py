@@ -11,4 +11,4 @@ from worker_svc import native_build
 @functools.cache
 def load() -> object | None:
     """The extension module (`prefill_attention`, `supports`), or None where it does not build."""
-    return native_build.build("prefill_attention.cpp", "stepserve_prefill_attention", "prefill attention kernel")
+    return native_build.build(["prefill_attention.cpp"], "stepserve_prefill_attention", "prefill attention kernel")

@@ -27,8 +27,7 @@ import torch
 from tokenizers import Tokenizer
 
 from protocol.worker_messages import StepPlan, StepResult, WorkerHello
-from worker_svc import (compile_cache, cpu_threads, cuda_graphs, decode_kernel, kv_cache, linear_kernel,
-                        malloc_policy, status)
+from worker_svc import compile_cache, cpu_threads, cuda_graphs, huge_pages, kv_cache, linear_kernel, malloc_policy, status
 from worker_svc.attention import build_attention_metadata
 from worker_svc.encoder_attention import build_encoder_metadata
 from worker_svc.forward_context import ForwardContext, forward_context
@@ -78,6 +77,8 @@ class ModelRunner:
                                  generation_config=config.generation_config, name=config.model)
         init_process_group(self.tp, config.dist_init_address, self.loaded.device)
         self.model, self.device, self.dtype = self.loaded.model, self.loaded.device, self.loaded.dtype
+        if self.device.type == "cpu":
+            huge_pages.move_weights(self.model)
         cpu_threads.choose_threads(source, self.device, config.threads)  # before compiling
 
     def _read_model_facts(self) -> None:
@@ -171,9 +172,7 @@ class ModelRunner:
             compile_model = False
         compile_cache.configure(config.compile_cache_dir)
         if self.device.type == "cpu":
-            linear_kernel.load()
-            if self.spec.num_attention_layers:
-                decode_kernel.load()
+            linear_kernel.load()  # the step kernels: the attention's too
         return ModelExecutor(self.model, self.device, compile_model)
 
     def _padding_forward(self, num_tokens: int, greedy_indices: np.ndarray | None = None) -> torch.Tensor:

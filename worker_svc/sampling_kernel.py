@@ -9,4 +9,4 @@ from worker_svc import native_build
 @functools.cache
 def load() -> object | None:
     """The extension module (its `sample_rows`), or None where it does not build."""
-    return native_build.build("sample_rows.cpp", "stepserve_sample_rows", "sampling kernel")
+    return native_build.build(["sample_rows.cpp"], "stepserve_sample_rows", "sampling kernel")

@@ -148,13 +148,13 @@ def test_a_gateway_killed_mid_batch_and_restarted_finishes_it_with_each_custom_i
 
 def test_two_batches_run_side_by_side(cluster, tmp_path):
     # Each batch keeps 2 requests of 32 tokens in flight, and the second, created after the first,
-    # answers lines while the first still runs. The first has 600 lines (9,600 steps: tens of seconds on
-    # 2 quiet cores), far more than the second's first line can take however fast the host; both
-    # are cancelled, so its length costs nothing.
+    # answers lines while the first still runs. Each has 600 lines (9,600 steps: seconds on 2 quiet
+    # cores), far more than the second's first line can take however fast the host, and neither ends
+    # before it is cancelled; both are, so their length costs nothing.
     url = cluster.start_gateway(["--batch-dir", str(tmp_path / "batches"), "--batch-window", "2"])
     client = openai_client(url)
     batch_ids = []
-    for name, num_lines in (("first", 600), ("second", 60)):
+    for name, num_lines in (("first", 600), ("second", 600)):
         lines, _ = batch_lines(num_lines, max_tokens=32, bad_every=1000, seed=6, urls=(COMPLETIONS,))
         with open(write_lines(str(tmp_path / f"{name}.jsonl"), lines), "rb") as f:
             uploaded = client.files.create(file=f, purpose="batch")

@@ -32,7 +32,7 @@ def test_serve_peers_measures_stepserve_serve_and_stops_it(tmp_path):
         assert run["cpu_s"]["worker_svc"] > 0 and "scheduler_svc" in run["cpu_s"] and "gateway_svc" in run["cpu_s"]
     summary = json.loads(lines[-1])
     assert (summary["model"], summary["input_len"], summary["output_len"]) == ("tiny", 8, 4)
-    assert len(summary["cases"]) == 4 and all("vllm" not in case and "ratio" not in case for case in summary["cases"])
+    assert len(summary["cases"]) == 4 and all("vllm" not in case and "vs" not in case for case in summary["cases"])
     by_case = {(c["concurrency"], c["sampling"]): c["stepserve"] for c in summary["cases"]}
     assert by_case[4, "greedy"]["request_throughput"] == runs[3]["request_throughput"].__round__(2)
     assert "OpenAI API at http://127.0.0.1:" in (tmp_path / "stepserve-0.log").read_text()

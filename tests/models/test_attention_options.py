@@ -11,7 +11,7 @@ import torch
 
 from tests.native_kernels import built
 from worker_svc import attention as attention_module
-from worker_svc import decode_kernel
+from worker_svc import step_kernels
 from worker_svc.attention import build_attention_metadata, paged_attention
 
 BLOCK_SIZE = 4
@@ -64,7 +64,7 @@ def _run_step(dtype, scale, window, softcap, use_kernel, monkeypatch):
         k_step.append(k[start:])
         v_step.append(v[start:])
     if not use_kernel:
-        monkeypatch.setattr(attention_module.decode_kernel, "load", lambda: None)
+        monkeypatch.setattr(attention_module.step_kernels, "load", lambda: None)
     meta = build_attention_metadata(query_lens, num_computed, tables, np.array(slots), BLOCK_SIZE,
                                     torch.device("cpu"))
     out = paged_attention(torch.cat(q_step), torch.cat(k_step), torch.cat(v_step), kv_cache, meta, scale,
@@ -79,7 +79,7 @@ def _run_step(dtype, scale, window, softcap, use_kernel, monkeypatch):
                                                   (1, None, 0.1), (6, 2.0, 0.3), (None, 2.0, 0.3)])
 def test_decode_and_prefill_follow_window_softcap_and_scale(monkeypatch, use_kernel, window, softcap, scale):
     if use_kernel:
-        built(decode_kernel.load, "decode kernel")
+        built(step_kernels.load, "decode kernel")
     out, expected = _run_step(torch.float32, scale, window, softcap, use_kernel, monkeypatch)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 

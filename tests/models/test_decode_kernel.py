@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.native_kernels import built
-from worker_svc import decode_kernel
+from worker_svc import step_kernels
 from worker_svc.attention import AttentionMetadata, _decode, write_kv
 
 CASES = [  # num_heads, num_kv_heads, head_dim, block_size, dtype, window, softcap
@@ -32,7 +32,7 @@ CASES = [  # num_heads, num_kv_heads, head_dim, block_size, dtype, window, softc
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,dtype,window,softcap", CASES)
 def test_write_and_decode_equals_index_copy_then_torch_decode(num_heads, num_kv_heads, head_dim, block_size,
                                                               dtype, window, softcap):
-    module = built(decode_kernel.load, "decode kernel")
+    module = built(step_kernels.load, "decode kernel")
     generator = torch.Generator().manual_seed(head_dim + block_size)
     num_decode, num_prefill, num_padding = 37, 5, 3
     lens = torch.randint(1, 6 * block_size, (num_decode,), generator=generator)
@@ -73,7 +73,7 @@ def test_write_and_decode_equals_index_copy_then_torch_decode(num_heads, num_kv_
 
 
 def test_a_slot_outside_the_cache_is_an_error_not_a_write():
-    module = built(decode_kernel.load, "decode kernel")
+    module = built(step_kernels.load, "decode kernel")
     kv_cache = torch.zeros(2, 4, 16, 2, 64)
     q, k, v = torch.randn(1, 2, 64), torch.randn(1, 2, 64), torch.randn(1, 2, 64)
     with pytest.raises(RuntimeError, match="out of range"):
@@ -84,7 +84,7 @@ def test_a_slot_outside_the_cache_is_an_error_not_a_write():
 
 def test_the_exponential_follows_torch_over_the_softmax_range():
     """The kernel's polynomial exp, seen through a softmax over scores spread over [-90, 0]."""
-    module = built(decode_kernel.load, "decode kernel")
+    module = built(step_kernels.load, "decode kernel")
     scores = torch.from_numpy(np.linspace(-90.0, 0.0, 4001, dtype=np.float32))
     # one head, head_dim 16: key j = [scores[j], 0, ...], query = [1, 0, ...], scale 1 -> score j;
     # values = one-hot of j % 16, so the output is the softmax summed per residue class

@@ -44,6 +44,6 @@ print("ok")
 def test_triton_decode_kernel_equals_torch_attention():
     # the C++ kernel off, so that attention.py's _decode takes its plain-torch path on CPU
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", "import worker_svc.decode_kernel as k; k.load = lambda: None\n" + CHECK],
+    done = subprocess.run([sys.executable, "-c", "import worker_svc.step_kernels as k; k.load = lambda: None\n" + CHECK],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "simd_math.h"
+#include "spin_pool.h"
 
 namespace {
 
@@ -376,10 +377,17 @@ void write_kv_and_decode_impl(torch::Tensor& out, const torch::Tensor& q, const 
     for (int64_t t = 0; t < num_decode; ++t) step.attend(t, scratch);
     return;
   }
-  // Tokens are handed out in small dynamic chunks rather than split evenly up front: on a
-  // shared host one thread is often late, and the other then takes over its share.
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 4)
-  for (int64_t t = 0; t < num_decode; ++t) step.attend(t, scratch);
+  // Tokens are handed out in small chunks from a shared counter rather than split evenly up
+  // front: on a shared host one thread is often late, and the others then take over its share.
+  // The threads are the step kernels' own (spin_pool.h), as the linear layers' between which
+  // this runs.
+  constexpr int64_t kChunk = 4;
+  std::atomic<int64_t> next{0};
+  stepserve::SpinPool::instance().run(threads, [&](int) {
+    for (int64_t start; (start = next.fetch_add(kChunk, std::memory_order_relaxed)) < num_decode;) {
+      for (int64_t t = start; t < std::min(num_decode, start + kChunk); ++t) step.attend(t, scratch);
+    }
+  });
 }
 
 void write_kv_and_decode(torch::Tensor& out, const torch::Tensor& q, const torch::Tensor& k,

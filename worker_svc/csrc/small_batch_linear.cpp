@@ -5,9 +5,8 @@
 // once, so this file's own kernel streams W as the model holds it ([N, K], no packed copy): each
 // thread takes ranges of W's rows from a shared counter and multiplies every row of x with them,
 // the sums of R weight rows held in registers across K, the next rows prefetched while these
-// are read. Its threads are a pool of its own that spins between calls and sleeps when idle:
-// OpenMP's passive threads (the worker's setting, for loaded hosts) each took a futex wake-up
-// per parallel region, and a batch-1 step has one per linear layer. Past kMaxRows rows the work
+// are read, on the step kernels' own threads (spin_pool.h: a batch-1 step runs a linear layer
+// every few tens of microseconds, and OpenMP's passive threads took a wake-up each). Past kMaxRows rows the work
 // is arithmetic, and oneDNN's GEMM on the weight packed for it at load (`packed`, what inductor's
 // frozen graph and the benchmarks' GEMM limit call) does it; at::linear without a packed weight.
 //
@@ -22,13 +21,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <functional>
-#include <thread>
 #include <vector>
 
 #include "simd_math.h"
+#include "spin_pool.h"
 
 namespace {
 
@@ -38,81 +35,6 @@ using stepserve::to_float;
 
 template <typename scalar_t>
 inline void store(scalar_t* out, float value) { *out = static_cast<scalar_t>(value); }  // bfloat16: to nearest even
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#endif
-}
-
-// ---- the pool --------------------------------------------------------------------------------
-
-// Threads that run one job at a time with the caller. Between jobs a thread spins for kSpin
-// (a step's linear layers come tens of microseconds apart, and a spinning thread starts at once)
-// and then sleeps on a futex until the next job, so an idle worker holds no core.
-class SpinPool {
- public:
-  static SpinPool& instance() {
-    static SpinPool pool;
-    return pool;
-  }
-
-  // fn(worker) on `threads` threads (the caller is worker 0), returning when all are done.
-  void run(int threads, const std::function<void(int)>& fn) {
-    grow(threads - 1);
-    if (threads <= 1) return fn(0);
-    job_ = &fn;
-    remaining_.store(threads - 1, std::memory_order_relaxed);
-    // One word says both that a job is there and which threads take it, so a thread never
-    // pairs one job's count with another's.
-    const uint32_t word = ((job_word_.load(std::memory_order_relaxed) >> 8) + 1) << 8 | (threads - 1);
-    job_word_.store(word, std::memory_order_release);
-    if (sleeping_.load(std::memory_order_acquire) > 0) job_word_.notify_all();
-    fn(0);
-    while (remaining_.load(std::memory_order_acquire) > 0) cpu_relax();
-  }
-
- private:
-  static constexpr auto kSpin = std::chrono::microseconds(500);
-
-  void grow(int helpers) {
-    while (static_cast<int>(threads_.size()) < helpers) {
-      const int index = static_cast<int>(threads_.size()) + 1;
-      // the word as it is now: a job posted before the thread first runs is still new to it
-      const uint32_t seen = job_word_.load(std::memory_order_relaxed);
-      threads_.emplace_back([this, index, seen] { loop(index, seen); });
-      threads_.back().detach();  // lives as long as the process
-    }
-  }
-
-  void loop(int index, uint32_t seen) {
-    for (;;) {
-      auto since = std::chrono::steady_clock::now();
-      uint32_t word;
-      int spins = 0;
-      while ((word = job_word_.load(std::memory_order_acquire)) == seen) {
-        cpu_relax();
-        if (++spins % 256 == 0 && std::chrono::steady_clock::now() - since > kSpin) {
-          sleeping_.fetch_add(1, std::memory_order_acq_rel);
-          job_word_.wait(seen, std::memory_order_acquire);
-          sleeping_.fetch_sub(1, std::memory_order_acq_rel);
-          since = std::chrono::steady_clock::now();
-        }
-      }
-      seen = word;
-      if (index <= static_cast<int>(word & 0xff)) {  // the caller waits for every taker: job_ is this job's
-        (*job_)(index);
-        remaining_.fetch_sub(1, std::memory_order_acq_rel);
-      }
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::atomic<uint32_t> job_word_{0};  // job number << 8 | the threads that take it
-  std::atomic<int> remaining_{0};
-  std::atomic<int> sleeping_{0};
-  const std::function<void(int)>* job_ = nullptr;
-};
 
 // ---- the tile: R weight rows against MT rows of x ----------------------------------------------
 
@@ -278,13 +200,13 @@ constexpr int64_t kChunksPerThread = 4;
 template <typename scalar_t, int MT>
 void run_rows(const Problem& p) {
   constexpr int64_t kTile = 8;  // a whole number of every MT's tiles but the odd ones
-  const int64_t max_threads = std::min<int64_t>(at::get_num_threads(), 256);
+  const int64_t max_threads = std::min<int64_t>(at::get_num_threads(), stepserve::SpinPool::kMaxThreads);
   const int64_t threads = std::max<int64_t>(1, std::min(max_threads, p.N / (16 * kTile)));
   const int64_t chunk = (p.N + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
   const int64_t rows = (chunk + kTile - 1) / kTile * kTile;
   const int64_t num_chunks = (p.N + rows - 1) / rows;
   std::atomic<int64_t> next{0};
-  SpinPool::instance().run(static_cast<int>(threads), [&](int) {
+  stepserve::SpinPool::instance().run(static_cast<int>(threads), [&](int) {
     for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
       rows_range<scalar_t, MT>(p, c * rows, std::min(p.N, (c + 1) * rows));
     }
@@ -316,7 +238,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
 }  // namespace
 
 // out [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) by this file's kernel; M <= kMaxRows.
-void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+static void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && out.dim() == 2, "2-D x, weight, out");
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
@@ -338,7 +260,7 @@ void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
 
 // stepserve::linear: x [..., K] -> [..., N]; packed: weight as mkldnn._reorder_linear_weight
 // packed it, or none.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+static at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const std::optional<at::Tensor>& packed) {
   const int64_t K = x.size(-1), N = weight.size(0);
   const at::Tensor rows = x.reshape({-1, K});
@@ -361,8 +283,3 @@ TORCH_LIBRARY_FRAGMENT(stepserve, m) {
 // MkldnnCPU: where the packed weight is oneDNN's opaque tensor (bfloat16), its key decides.
 TORCH_LIBRARY_IMPL(stepserve, CPU, m) { m.impl("linear", &linear); }
 TORCH_LIBRARY_IMPL(stepserve, MkldnnCPU, m) { m.impl("linear", &linear); }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_batch_linear", &small_batch_linear, "out = x @ weight.T + bias for at most 8 rows of x",
-        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
-}
