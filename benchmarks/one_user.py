@@ -6,17 +6,18 @@
 In process, a ModelRunner as a worker holds it (the same thread count, OMP_WAIT_POLICY=PASSIVE
 as the worker process sets it): `--batch` requests of --input-len tokens are prefilled, then the
 batches take turns, --steps decode steps each (A B A B: a noisy host slows them alike), and per
-batch the median step and its parts, from torch.profiler over --profile-steps more steps:
+batch the median step, and the mean of --profile-steps more under torch.profiler with its parts:
 - linear: the linear layers and the head (stepserve::linear, or oneDNN's and aten's GEMMs);
 - attention: the paged attention op (its K/V write included);
 - elementwise: the compiled graph's own kernels, inductor's fusions of the norms, rotary
   embedding, activations and residual adds (eager: every other aten op);
 - sampling: the runner's sampler (a greedy step's argmax runs in the graph: elementwise);
-- other: the step's wall time beside these: the runner's Python (the plan, the inputs, the
-  metadata), the compiled graph's guards and call.
+- other: the profiled steps' wall time beside these: the runner's Python (the plan, the inputs,
+  the metadata), the compiled graph's guards and call.
 And the weights a step reads (stepserve/bench/model_flops.py's weight_bytes: every linear layer and
 the head) over the linear layers' time and over the whole step, against the machine's memory
-bandwidth (memory_gbps, measured as benchmarks/matmul_limit.py does).
+bandwidth (memory_gbps, measured as benchmarks/matmul_limit.py does, the better of a measure just
+before the steps and one just after).
 
 Served (--served): `stepserve serve`'s processes (the default replicas; a gateway) on the same
 model, and per batch B, B streamed requests of --served-output-len tokens over HTTP, at once. Once
@@ -123,18 +124,20 @@ def in_process(args) -> dict:
     rows = {}
     for batch in batches:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            for _ in range(args.profile_steps):
-                batch.step()
+            profiled_ms = sum(batch.step() for _ in range(args.profile_steps)) / args.profile_steps * 1e3
         parts = dict.fromkeys(KINDS, 0.0)
         for event in prof.key_averages():
             kind = kind_of(event.key, compiled)
             if kind is not None:
                 total = event.cpu_time_total if kind == "sampling" else event.self_cpu_time_total
                 parts[kind] += total / args.profile_steps / 1e3
+        # The parts are of the profiled steps, the rest their own wall time beside them (a noisy
+        # host's bandwidth changes from minute to minute: the timed steps' median is apart).
+        parts["other"] = max(0.0, profiled_ms - sum(parts[k] for k in KINDS if k != "other"))
         step_ms = statistics.median(batch.times) * 1e3
-        parts["other"] = max(0.0, step_ms - sum(parts[k] for k in KINDS if k != "other"))
         rows[batch.size] = {
-            "step_ms": round(step_ms, 2), **{f"{k}_ms": round(v, 2) for k, v in parts.items()},
+            "step_ms": round(step_ms, 2), "profiled_step_ms": round(profiled_ms, 2),
+            **{f"{k}_ms": round(v, 2) for k, v in parts.items()},
             "tokens_per_s": round(batch.size / step_ms * 1e3, 1),
             "weights_gbps_in_linear": round(read / parts["linear"] / 1e6, 1) if parts["linear"] else None,
             "weights_gbps_in_step": round(read / step_ms / 1e6, 1)}
@@ -225,8 +228,11 @@ def main(argv=None) -> int:
                         help="decode steps the served figures span (the scheduler's window of recent steps)")
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
-    result = {"cpu": cpu_summary(), "memory_gbps": round(memory_gbps(1024, 5), 2), "config": vars(args)}
+    result = {"cpu": cpu_summary(), "config": vars(args)}
+    before = memory_gbps(1024, 5)
     result["in_process"] = in_process(args)
+    # This host's bandwidth moves from minute to minute: the best of a pass before and after
+    result["memory_gbps"] = round(max(before, memory_gbps(1024, 5)), 2)
     if args.served:
         result["served"] = asyncio.run(served(args))
     print(f"{result['cpu']}; memory {result['memory_gbps']} GB/s")
@@ -235,7 +241,7 @@ def main(argv=None) -> int:
           f"{info['weight_bytes'] / 1e9:.2f} GB of weights a step")
     for size, row in info["batches"].items():
         parts = " + ".join(f"{k} {row[k + '_ms']}" for k in KINDS)
-        print(f"batch {size}: step {row['step_ms']} ms = {parts}; weights read at {row['weights_gbps_in_linear']} "
+        print(f"batch {size}: step {row['step_ms']} ms; profiled {row['profiled_step_ms']} = {parts}; weights read at {row['weights_gbps_in_linear']} "
               f"GB/s in the linear layers, {row['weights_gbps_in_step']} GB/s over the step "
               f"({row['weights_gbps_in_step'] / result['memory_gbps']:.0%} of memory_gbps)")
     for size, row in result.get("served", {}).get("batches", {}).items():

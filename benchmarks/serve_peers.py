@@ -40,6 +40,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+import numpy as np
+
 from benchmarks.cpu_info import cpu_summary
 from benchmarks.peers import vllm_preload
 
@@ -157,8 +159,8 @@ def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[li
              "--served-model-name", args.served_model_name, "--seed", str(args.seed), *args.vllm_arg], env)
 
 
-def client_command(args: argparse.Namespace, port: int, concurrency: int, num_prompts: int, sampling: str,
-                   result_path: str) -> list[str]:
+def client_command(args: argparse.Namespace, engine: str, port: int, concurrency: int, num_prompts: int,
+                   sampling: str, result_path: str) -> list[str]:
     """vLLM's `bench serve` when a vLLM environment is given, else `stepserve bench serve`."""
     greedy = ["--temperature", "0"] if sampling == "greedy" else []
     common = ["--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--seed", str(args.seed),
@@ -168,7 +170,9 @@ def client_command(args: argparse.Namespace, port: int, concurrency: int, num_pr
         return [sys.executable, "-m", "stepserve.cli", "bench", "serve", "--base-url", url,
                 "--served-model-name", args.served_model_name, "--input-len", str(args.input_len),
                 "--output-len", str(args.output_len), "--json", result_path, *common]
-    return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", "--base-url", url,
+    # llama.cpp: the per-request times too, for its TPOT (run_client)
+    detailed = ["--save-detailed"] if engine.startswith(LLAMA_CPP) else []
+    return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", *detailed, "--base-url", url,
             "--model", args.served_model_name, "--tokenizer", args.model, "--dataset-name", "random",
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
             "--ignore-eos", "--disable-tqdm", "--num-warmups", "4", "--percentile-metrics", "ttft,tpot,itl,e2el",
@@ -176,13 +180,13 @@ def client_command(args: argparse.Namespace, port: int, concurrency: int, num_pr
             "--result-filename", os.path.basename(result_path), *common]
 
 
-def run_client(args: argparse.Namespace, port: int, server_pid: int, concurrency: int, num_prompts: int,
-               sampling: str) -> dict:
+def run_client(args: argparse.Namespace, engine: str, port: int, server_pid: int, concurrency: int,
+               num_prompts: int, sampling: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.json")
         before = tree_cpu_seconds(server_pid)
         try:
-            out = subprocess.run(client_command(args, port, concurrency, num_prompts, sampling, path),
+            out = subprocess.run(client_command(args, engine, port, concurrency, num_prompts, sampling, path),
                                  capture_output=True, text=True, timeout=args.client_timeout)
         except subprocess.TimeoutExpired:
             return {"completed": 0, "failed": num_prompts, "timed_out": True, **dict.fromkeys(METRICS, float("nan")),
@@ -195,8 +199,22 @@ def run_client(args: argparse.Namespace, port: int, server_pid: int, concurrency
             result = json.load(f)
     # vLLM's client reports the requests that failed but still exits 0; ours exits 1.
     row = {key: result[key] for key in ("completed", "failed", *METRICS)}
+    if engine.startswith(LLAMA_CPP):
+        row.update(_tpot_of_exact_outputs(result, args.output_len))
     row["cpu_s"] = {role: round(seconds - before.get(role, 0.0), 2) for role, seconds in after.items()}
     return row
+
+
+def _tpot_of_exact_outputs(result: dict, output_len: int) -> dict:
+    """TPOT p50 and p99 over the requests, each of exactly output_len tokens (EOS ignored). vLLM's
+    client counts a response's tokens by tokenizing its text again, and llama-server writes the
+    random models' tokens past the byte range as `<extra_N>`, which the folder's tokenizer reads as
+    a dozen tokens each: its own TPOT for llama.cpp came out at 2.3 ms where the ITL was 31."""
+    tpots = [(latency - ttft) / (output_len - 1) * 1e3
+             for latency, ttft in zip(result["latencies"], result["ttfts"]) if latency > 0]
+    if output_len < 2 or not tpots:
+        return {}
+    return {"median_tpot_ms": float(np.median(tpots)), "p99_tpot_ms": float(np.percentile(tpots, 99))}
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -297,12 +315,12 @@ def main(argv=None) -> int:
             with running_server(cmd, env, port, log_path, args.start_timeout) as server_pid:
                 # Untimed: what a server does once (compiling for new batch shapes) is not its speed.
                 busiest = max(concurrency for concurrency, _ in args.case)
-                run_client(args, port, server_pid, busiest, 2 * busiest, args.sampling[0])
+                run_client(args, engine, port, server_pid, busiest, 2 * busiest, args.sampling[0])
                 for concurrency, num_prompts in args.case:
                     for sampling in args.sampling:
                         run = {"round": round_index, "engine": engine, "concurrency": concurrency,
                                "num_prompts": num_prompts, "sampling": sampling,
-                               **run_client(args, port, server_pid, concurrency, num_prompts, sampling)}
+                               **run_client(args, engine, port, server_pid, concurrency, num_prompts, sampling)}
                         runs.append(run)
                         print(json.dumps(run), flush=True)
     summary = summarize(runs)

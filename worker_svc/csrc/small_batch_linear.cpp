@@ -261,19 +261,18 @@ static void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::T
 // stepserve::linear: x [..., K] -> [..., N]; packed: weight as mkldnn._reorder_linear_weight
 // packed it, or none.
 static at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                  const std::optional<at::Tensor>& packed) {
-  const int64_t K = x.size(-1), N = weight.size(0);
-  const at::Tensor rows = x.reshape({-1, K});
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  if (rows.size(0) > kMaxRows || !weight.is_contiguous() || x.scalar_type() != weight.scalar_type()) {
-    if (packed.has_value()) return packed_linear(rows, *packed, bias).view(shape);
-    return at::linear(x, weight, bias);
+                         const std::optional<at::Tensor>& packed) {
+  if (x.dim() != 2) {  // [..., K]: as rows, and back (the models' layers pass rows: no view on their path)
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = weight.size(0);
+    return linear(x.reshape({-1, x.size(-1)}), weight, bias, packed).view(shape);
   }
-  const at::Tensor dense = rows.stride(1) == 1 ? rows : rows.contiguous();
-  at::Tensor out = at::empty({rows.size(0), N}, x.options());
-  small_batch_linear(out, dense, weight, bias);
-  return out.view(shape);
+  if (x.size(0) > kMaxRows || !weight.is_contiguous() || x.scalar_type() != weight.scalar_type()) {
+    return packed.has_value() ? packed_linear(x, *packed, bias) : at::linear(x, weight, bias);
+  }
+  at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
+  small_batch_linear(out, x.stride(1) == 1 ? x : x.contiguous(), weight, bias);
+  return out;
 }
 
 TORCH_LIBRARY_FRAGMENT(stepserve, m) {
