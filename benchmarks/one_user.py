@@ -16,8 +16,9 @@ batch the median step, and the mean of --profile-steps more under torch.profiler
   the metadata), the compiled graph's guards and call.
 And the weights a step reads (stepserve/bench/model_flops.py's weight_bytes: every linear layer and
 the head) over the linear layers' time and over the whole step, against the machine's memory
-bandwidth (memory_gbps, measured as benchmarks/matmul_limit.py does, the better of a measure just
-before the steps and one just after).
+bandwidth of the same minutes (memory_gbps: the median of a float32 sum over 1 GiB on all cores,
+as benchmarks/matmul_limit.py measures it, one pass before every round of steps; this host's
+bandwidth has moved between 42 and 78 GB/s from one minute to the next).
 
 Served (--served): `stepserve serve`'s processes (the default replicas; a gateway) on the same
 model, and per batch B, B streamed requests of --served-output-len tokens over HTTP, at once. Once
@@ -41,7 +42,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.cpu_info import cpu_summary  # noqa: E402
-from benchmarks.matmul_limit import memory_gbps  # noqa: E402
 from protocol.sampling import SamplingParams  # noqa: E402
 from protocol.worker_messages import NewRequestData, RunningRequestData, StepPlan  # noqa: E402
 from stepserve.bench.model_flops import DTYPE_BYTES, weight_bytes  # noqa: E402
@@ -114,9 +114,16 @@ def in_process(args) -> dict:
     for batch in batches:  # first-call allocations, not counted
         for _ in range(3):
             batch.step()
+    stream = torch.ones(1 << 28, dtype=torch.float32)  # 1 GiB, read between the steps: the bandwidth of the moment
+    stream.sum()
+    passes = []
     for _ in range(args.steps):
+        start = time.perf_counter()
+        stream.sum()
+        passes.append(time.perf_counter() - start)
         for batch in batches:
             batch.times.append(batch.step())
+    del stream
     config = runner.loaded.config
     dtype_name = runner.loaded.dtype_name
     read = weight_bytes(config, DTYPE_BYTES[dtype_name])
@@ -142,7 +149,8 @@ def in_process(args) -> dict:
             "weights_gbps_in_linear": round(read / parts["linear"] / 1e6, 1) if parts["linear"] else None,
             "weights_gbps_in_step": round(read / step_ms / 1e6, 1)}
     return {"model": runner.loaded.name, "dtype": dtype_name, "compiled": compiled,
-            "threads": torch.get_num_threads(), "weight_bytes": read, "batches": rows}
+            "threads": torch.get_num_threads(), "weight_bytes": read,
+            "memory_gbps": round((1 << 30) / statistics.median(passes) / 1e9, 2), "batches": rows}
 
 
 # ---- served ------------------------------------------------------------------------------------
@@ -229,21 +237,18 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     result = {"cpu": cpu_summary(), "config": vars(args)}
-    before = memory_gbps(1024, 5)
     result["in_process"] = in_process(args)
-    # This host's bandwidth moves from minute to minute: the best of a pass before and after
-    result["memory_gbps"] = round(max(before, memory_gbps(1024, 5)), 2)
     if args.served:
         result["served"] = asyncio.run(served(args))
-    print(f"{result['cpu']}; memory {result['memory_gbps']} GB/s")
     info = result["in_process"]
+    print(f"{result['cpu']}; memory {info['memory_gbps']} GB/s")
     print(f"{info['model']} {info['dtype']} {'compiled' if info['compiled'] else 'eager'}, {info['threads']} threads, "
           f"{info['weight_bytes'] / 1e9:.2f} GB of weights a step")
     for size, row in info["batches"].items():
         parts = " + ".join(f"{k} {row[k + '_ms']}" for k in KINDS)
         print(f"batch {size}: step {row['step_ms']} ms; profiled {row['profiled_step_ms']} = {parts}; weights read at {row['weights_gbps_in_linear']} "
               f"GB/s in the linear layers, {row['weights_gbps_in_step']} GB/s over the step "
-              f"({row['weights_gbps_in_step'] / result['memory_gbps']:.0%} of memory_gbps)")
+              f"({row['weights_gbps_in_step'] / info['memory_gbps']:.0%} of memory_gbps)")
     for size, row in result.get("served", {}).get("batches", {}).items():
         print(f"served batch {size}: ITL p50 {row['itl_p50_ms']} ms, TPOT {row['tpot_ms']}; step every "
               f"{row['step_interval_ms']} ms = worker busy {row['worker_busy_ms']} + waiting {row['worker_waiting_ms']}; "

@@ -11,11 +11,10 @@ every chunk size tried (1k to 16k: 7.0 to 12.3 ms in bfloat16): one matmul call 
 more than the memory pass it saves. Ties go to the lowest token id, as torch.argmax does.
 
 The head lives in the forward's graph rather than a graph of its own: a small model's step is
-mostly per-call overhead (guards, wrappers, a gather of the sampled rows, a second call), and
-one graph of the model means its weights are packed once. A step that samples otherwise (or
-samples nothing) passes no rows, and runs the graph compiled for that shape, with no head: a
-head run for nothing cost a bucket's worth, a pass over the whole head's weights (1.5 ms of a
-4 ms batch-1 tiny-llama step; a third of a GB for Qwen3-0.6B).
+mostly per-call overhead (guards, wrappers, a gather of the sampled rows, a second call). A step
+that samples otherwise (or samples nothing) passes no rows, and runs the graph compiled for that
+shape, with no head: a head run for nothing cost a pass over the whole head's weights (1.5 ms of
+a 4 ms batch-1 tiny-llama step; a third of a GB for Qwen3-0.6B).
 """
 import torch
 from torch import nn

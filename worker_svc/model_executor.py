@@ -1,15 +1,16 @@
 """ModelExecutor: the model's forward and LM head, compiled (the default) or eager.
 
-Compiled means torch.compile with the inductor backend, weights frozen (folded in as constants,
-so oneDNN gets prepacked layouts) and the number of tokens dynamic: one compile at start-up
-serves every batch of decodes, prefills and mixes (two graphs of the forward: with the greedy
-head, and for steps with no greedy rows without it). Token counts are padded to a bucket (a
-multiple of 8), which keeps 0- and 1-sized dimensions (which torch specialises on) out of the
-graph; on CPU a dynamic token dimension also selects oneDNN for float32 matmuls, where MKL's
-packed path is what inductor picks for static shapes (3x slower on the AMD CPUs measured). The
-attention and state layers run as opaque custom ops inside the graph (attention.py), and so do
-the experts of a mixture (models/sparse_moe.py: routing decides which rows each expert takes,
-but not the op's output shape, so routing never recompiles).
+Compiled means torch.compile with the inductor backend, weights frozen (folded in as constants)
+and the number of tokens dynamic: one compile at start-up serves every batch of decodes,
+prefills and mixes (two graphs of the forward: with the greedy head, and for steps with no
+greedy rows without it). Token counts past a bucket (8) are padded to a multiple of it, and
+smaller ones to at least 2, which keeps 0- and 1-sized dimensions (which torch specialises on)
+out of the graph; a decode step of a few sequences then computes no padding rows, each of which
+would cost a pass over every weight. On the CPU the linear layers are one opaque op
+(linear_kernel.py: its own kernel up to 8 rows, oneDNN's GEMM on weights packed once past it); so
+are the attention and state layers (attention.py), and the experts of a mixture
+(models/sparse_moe.py: routing decides which rows each expert takes, but not the op's output
+shape, so routing never recompiles).
 
 Dimensions get a symbol each (no "duck shaping"): otherwise a batch of 256 rows of a
 256-wide hidden state would share one symbol with the weight's in-features and be specialised
