@@ -50,11 +50,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
     """weight packed for oneDNN's GEMM, or None where the op will not use one (not the CPU, no op,
     a dtype oneDNN does not pack)."""
-    if weight.device.type != "cpu" or load() is None:
-        return None
-    if weight.dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+    if weight.device.type != "cpu" or load() is None or not packs(weight.dtype):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def packs(dtype: torch.dtype) -> bool:
+    """oneDNN's GEMM takes weights of this dtype packed on this CPU: bfloat16 only with AVX512 (BW,
+    VL, DQ) or AVX-NE-CONVERT; elsewhere the op's own kernel runs bfloat16 rows of any number."""
+    if dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack_weights(model: nn.Module) -> int:

@@ -83,6 +83,9 @@ class ModelExecutor:
             # little against the GEMMs beside them.
             inductor_config.cpp.min_chunk_size = SERIAL_CHUNK
             fx_config.use_duck_shape = False
+            dynamo_config.specialize_float = True
+            dynamo_config.guard_nn_modules = False
+            dynamo_config.use_recursive_dict_tags_for_guards = True
             # Every executor compiles the same code objects (its model class's forward,
             # ForwardWithGreedyHead.forward) for weights of its own: one cache entry each, not a recompile
             # of a shape. A worker builds one; a process that builds more (the tests, a program

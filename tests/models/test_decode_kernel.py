@@ -32,11 +32,37 @@ CASES = [  # num_heads, num_kv_heads, head_dim, block_size, dtype, window, softc
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,dtype,window,softcap", CASES)
 def test_write_and_decode_equals_index_copy_then_torch_decode(num_heads, num_kv_heads, head_dim, block_size,
                                                               dtype, window, softcap):
+    check_write_and_decode(num_heads, num_kv_heads, head_dim, block_size, dtype, window, softcap,
+                           num_decode=37, max_len=6 * block_size)
+
+
+@pytest.mark.parametrize("num_decode", [1, 3])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size,dtype,window,softcap",
+                         [CASES[0], CASES[1], CASES[6], CASES[8]])  # unwindowed: a window keeps the work small
+def test_a_step_of_few_tokens_shares_their_heads_between_threads(num_decode, num_heads, num_kv_heads, head_dim,
+                                                                  block_size, dtype, window, softcap):
+    """Fewer tokens than twice the threads: each token's KV heads are split into parts (one
+    user's step); contexts long enough for the step to go to the threads at all."""
+    parallel_work = 1 << 18  # the kernel's kParallelWork: below it a step runs on the caller
+    max_len = 4 * parallel_work // (num_decode * num_heads * head_dim)  # half of it at least
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # the kernel's threads: as many as torch's
+        check_write_and_decode(num_heads, num_kv_heads, head_dim, block_size, dtype, window, softcap,
+                               num_decode=num_decode, max_len=max_len)
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_write_and_decode(num_heads, num_kv_heads, head_dim, block_size, dtype, window, softcap, num_decode,
+                           max_len):
     module = built(step_kernels.load, "decode kernel")
-    generator = torch.Generator().manual_seed(head_dim + block_size)
-    num_decode, num_prefill, num_padding = 37, 5, 3
-    lens = torch.randint(1, 6 * block_size, (num_decode,), generator=generator)
-    lens[:3] = torch.tensor([1, block_size, block_size + 1])
+    generator = torch.Generator().manual_seed(head_dim + block_size + num_decode)
+    num_prefill, num_padding = 5, 3
+    lens = torch.randint(max_len // 2, max_len, (num_decode,), generator=generator)
+    if num_decode > 3:
+        lens = torch.randint(1, max_len, (num_decode,), generator=generator)
+        lens[:3] = torch.tensor([1, block_size, block_size + 1])
     max_blocks = -(-int(lens.max()) // block_size) + 2  # wider than any context
     spare_blocks = -(-(num_prefill + num_padding) // block_size)  # prefill and scratch slots: distinct
     num_blocks = num_decode * max_blocks + spare_blocks

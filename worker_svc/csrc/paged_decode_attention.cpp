@@ -142,33 +142,33 @@ struct DecodeStep {
   float scale, softcap;
   int64_t sliding_window;
 
-  // Token t's attention over its keys [first, len) into out's row t.
-  void attend(int64_t t, Scratch& s) const {
+  // Token t's attention over its keys [first, len) into out's row t, for its query heads
+  // [h0, h0 + heads): a whole number of KV heads' groups.
+  void attend(int64_t t, int64_t h0, int64_t heads, Scratch& s) const {
     const int64_t len = lens[t];
     const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
     const int64_t n = len - first;
     const int64_t* table = tables + t * max_blocks;
-    const int64_t width = num_heads * head_dim;
-    s.query.resize(width);
-    s.scores.resize(n * num_heads);  // [head][key]
-    s.sum.resize(num_heads);
+    s.query.resize(heads * head_dim);
+    s.scores.resize(n * heads);  // [head - h0][key]
+    s.sum.resize(heads);
     float* query = s.query.data();
     float* scores = s.scores.data();
-    for (int64_t head = 0; head < num_heads; ++head) {
-      const scalar_t* src = q + t * q_token_stride + head * q_head_stride;
+    for (int64_t head = 0; head < heads; ++head) {
+      const scalar_t* src = q + t * q_token_stride + (h0 + head) * q_head_stride;
       float* dst = query + head * head_dim;
 #pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) dst[d] = to_float(src[d]) * scale;
     }
     const bool vectorised = kVectorised<scalar_t> && head_dim % kLanes == 0;
-    const bool by_key = vectorised && n * num_kv_heads * head_dim * 2 * int64_t(sizeof(scalar_t)) > kByKeyBytes;
+    const bool by_key = vectorised && n * (heads / group) * head_dim * 2 * int64_t(sizeof(scalar_t)) > kByKeyBytes;
     if (by_key)
-      scores_by_key(table, first, len, query, scores);
+      scores_by_key(table, first, len, h0, heads, query, scores);
     else if (vectorised)
-      scores_simd(table, first, len, query, scores);
+      scores_simd(table, first, len, h0, heads, query, scores);
     else
-      scores_generic(table, first, len, query, scores);
-    for (int64_t head = 0; head < num_heads; ++head) {
+      scores_generic(table, first, len, h0, heads, query, scores);
+    for (int64_t head = 0; head < heads; ++head) {
       float* row = scores + head * n;
       if (softcap > 0.f)
         for (int64_t j = 0; j < n; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
@@ -183,19 +183,20 @@ struct DecodeStep {
       s.sum[head] = sum;
     }
     if (by_key)
-      values_by_key(t, table, first, len, scores, s);
+      values_by_key(t, table, first, len, h0, heads, scores, s);
     else if (vectorised)
-      values_simd(t, table, first, len, scores, s);
+      values_simd(t, table, first, len, h0, heads, scores, s);
     else
-      values_generic(t, table, first, len, scores, s);
+      values_generic(t, table, first, len, h0, heads, scores, s);
   }
 
-  void scores_generic(const int64_t* table, int64_t first, int64_t len, const float* query, float* scores) const {
+  void scores_generic(const int64_t* table, int64_t first, int64_t len, int64_t h0, int64_t heads, const float* query,
+                      float* scores) const {
     const int64_t n = len - first;
     for_each_key(table, first, len, k_cache, [&](int64_t j, const scalar_t* keys) {
-      for (int64_t head = 0; head < num_heads; ++head) {
+      for (int64_t head = 0; head < heads; ++head) {
         const float* qh = query + head * head_dim;
-        const scalar_t* key = keys + (head / group) * head_dim;
+        const scalar_t* key = keys + ((h0 + head) / group) * head_dim;
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * to_float(key[d]);
@@ -204,33 +205,34 @@ struct DecodeStep {
     });
   }
 
-  void values_generic(int64_t t, const int64_t* table, int64_t first, int64_t len, const float* probs,
-                      Scratch& s) const {
+  void values_generic(int64_t t, const int64_t* table, int64_t first, int64_t len, int64_t h0, int64_t heads,
+                      const float* probs, Scratch& s) const {
     const int64_t n = len - first;
-    s.acc.assign(num_heads * head_dim, 0.f);
+    s.acc.assign(heads * head_dim, 0.f);
     float* acc = s.acc.data();
     for_each_key(table, first, len, v_cache, [&](int64_t j, const scalar_t* values) {
-      for (int64_t head = 0; head < num_heads; ++head) {
+      for (int64_t head = 0; head < heads; ++head) {
         const float p = probs[head * n + j];
         float* ah = acc + head * head_dim;
-        const scalar_t* value = values + (head / group) * head_dim;
+        const scalar_t* value = values + ((h0 + head) / group) * head_dim;
 #pragma omp simd
         for (int64_t d = 0; d < head_dim; ++d) ah[d] += p * to_float(value[d]);
       }
     });
-    for (int64_t head = 0; head < num_heads; ++head) {
+    for (int64_t head = 0; head < heads; ++head) {
       const float inv = 1.f / s.sum[head];
-      scalar_t* dst = out + (t * num_heads + head) * head_dim;
+      scalar_t* dst = out + (t * num_heads + h0 + head) * head_dim;
       for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[head * head_dim + d] * inv);
     }
   }
 
 #ifdef STEPSERVE_SIMD
-  void scores_simd(const int64_t* table, int64_t first, int64_t len, const float* query, float* scores) const {
+  void scores_simd(const int64_t* table, int64_t first, int64_t len, int64_t h0, int64_t heads, const float* query,
+                      float* scores) const {
     const int64_t n = len - first;
-    for (int64_t head = 0; head < num_heads; ++head) {
+    for (int64_t head = 0; head < heads; ++head) {
       const float* qh = query + head * head_dim;
-      const int64_t kv_offset = (head / group) * head_dim;
+      const int64_t kv_offset = ((h0 + head) / group) * head_dim;
       float* row = scores + head * n;
       for_each_key(table, first, len, k_cache, [&](int64_t j, const scalar_t* keys) {
         const scalar_t* key = keys + kv_offset;
@@ -256,13 +258,13 @@ struct DecodeStep {
     for (int i = 0; i < kLanes * kVectors; ++i) dst[i] = static_cast<scalar_t>(lanes[i]);
   }
 
-  void values_simd(int64_t t, const int64_t* table, int64_t first, int64_t len, const float* probs,
-                   Scratch& s) const {
+  void values_simd(int64_t t, const int64_t* table, int64_t first, int64_t len, int64_t h0, int64_t heads,
+                      const float* probs, Scratch& s) const {
     const int64_t n = len - first;
-    for (int64_t head = 0; head < num_heads; ++head) {
+    for (int64_t head = 0; head < heads; ++head) {
       const float inv = 1.f / s.sum[head];
-      scalar_t* dst = out + (t * num_heads + head) * head_dim;
-      const int64_t offset = (head / group) * head_dim;
+      scalar_t* dst = out + (t * num_heads + h0 + head) * head_dim;
+      const int64_t offset = ((h0 + head) / group) * head_dim;
       for (int64_t d = 0; d < head_dim; d += 4 * kLanes) {
         const float* p = probs + head * n;
         switch (std::min<int64_t>(4, (head_dim - d) / kLanes)) {
@@ -276,12 +278,13 @@ struct DecodeStep {
   }
   // Long contexts: every key's row read once, for all query heads in turn (a row of K or V
   // stays in L1 across the heads), the output accumulators in memory (L1).
-  void scores_by_key(const int64_t* table, int64_t first, int64_t len, const float* query, float* scores) const {
+  void scores_by_key(const int64_t* table, int64_t first, int64_t len, int64_t h0, int64_t heads, const float* query,
+                     float* scores) const {
     const int64_t n = len - first;
     for_each_key(table, first, len, k_cache, [&](int64_t j, const scalar_t* keys) {
-      for (int64_t head = 0; head < num_heads; ++head) {
+      for (int64_t head = 0; head < heads; ++head) {
         const float* qh = query + head * head_dim;
-        const scalar_t* key = keys + (head / group) * head_dim;
+        const scalar_t* key = keys + ((h0 + head) / group) * head_dim;
         Simd::Reg dot = Simd::mul(Simd::load(qh), Simd::load(key));
         for (int64_t d = kLanes; d < head_dim; d += kLanes) dot = Simd::fmadd(Simd::load(qh + d), Simd::load(key + d), dot);
         scores[head * n + j] = Simd::sum(dot);
@@ -289,22 +292,22 @@ struct DecodeStep {
     });
   }
 
-  void values_by_key(int64_t t, const int64_t* table, int64_t first, int64_t len, const float* probs,
-                   Scratch& s) const {
+  void values_by_key(int64_t t, const int64_t* table, int64_t first, int64_t len, int64_t h0, int64_t heads,
+                     const float* probs, Scratch& s) const {
     const int64_t n = len - first;
-    s.acc.assign(num_heads * head_dim, 0.f);
+    s.acc.assign(heads * head_dim, 0.f);
     float* acc = s.acc.data();
     for_each_key(table, first, len, v_cache, [&](int64_t j, const scalar_t* values) {
-      for (int64_t head = 0; head < num_heads; ++head) {
+      for (int64_t head = 0; head < heads; ++head) {
         const Simd::Reg p = Simd::set1(probs[head * n + j]);
-        const scalar_t* value = values + (head / group) * head_dim;
+        const scalar_t* value = values + ((h0 + head) / group) * head_dim;
         float* ah = acc + head * head_dim;
         for (int64_t d = 0; d < head_dim; d += kLanes) Simd::store(ah + d, Simd::fmadd(p, Simd::load(value + d), Simd::load(ah + d)));
       }
     });
-    for (int64_t head = 0; head < num_heads; ++head) {
+    for (int64_t head = 0; head < heads; ++head) {
       const Simd::Reg inv = Simd::set1(1.f / s.sum[head]);
-      scalar_t* dst = out + (t * num_heads + head) * head_dim;
+      scalar_t* dst = out + (t * num_heads + h0 + head) * head_dim;
       float lanes[kLanes];
       for (int64_t d = 0; d < head_dim; d += kLanes) {
         Simd::store(lanes, Simd::mul(Simd::load(acc + head * head_dim + d), inv));
@@ -313,10 +316,10 @@ struct DecodeStep {
     }
   }
 #else
-  void scores_simd(const int64_t*, int64_t, int64_t, const float*, float*) const {}
-  void values_simd(int64_t, const int64_t*, int64_t, int64_t, const float*, Scratch&) const {}
-  void scores_by_key(const int64_t*, int64_t, int64_t, const float*, float*) const {}
-  void values_by_key(int64_t, const int64_t*, int64_t, int64_t, const float*, Scratch&) const {}
+  void scores_simd(const int64_t*, int64_t, int64_t, int64_t, int64_t, const float*, float*) const {}
+  void values_simd(int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t, const float*, Scratch&) const {}
+  void scores_by_key(const int64_t*, int64_t, int64_t, int64_t, int64_t, const float*, float*) const {}
+  void values_by_key(int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t, const float*, Scratch&) const {}
 #endif
 
   // fn(j - first, row) for keys j in [first, len), walking whole blocks.
@@ -373,19 +376,27 @@ void write_kv_and_decode_impl(torch::Tensor& out, const torch::Tensor& q, const 
   for (int64_t t = 0; t < num_decode; ++t)
     keys += sliding_window > 0 ? std::min(step.lens[t], sliding_window) : step.lens[t];
   const int threads = at::get_num_threads();
-  if (threads == 1 || num_decode < 2 || keys * row_width < kParallelWork) {
-    for (int64_t t = 0; t < num_decode; ++t) step.attend(t, scratch);
+  if (threads == 1 || keys * row_width < kParallelWork) {
+    for (int64_t t = 0; t < num_decode; ++t) step.attend(t, 0, step.num_heads, scratch);
     return;
   }
-  // Tokens are handed out in small chunks from a shared counter rather than split evenly up
-  // front: on a shared host one thread is often late, and the others then take over its share.
-  // The threads are the step kernels' own (spin_pool.h), as the linear layers' between which
-  // this runs.
-  constexpr int64_t kChunk = 4;
+  // Work goes out in small chunks from a shared counter rather than split evenly up front: on a
+  // shared host one thread is often late, and the others then take over its share. A step of
+  // fewer tokens than twice the threads (one user's: one token) splits each token's KV heads,
+  // with their query heads, into parts, so that every thread has a share. The threads are the
+  // step kernels' own (spin_pool.h), as the linear layers' between which this runs.
+  const int64_t kv_heads = step.num_kv_heads;
+  const int64_t parts = num_decode >= 2 * threads ? 1 : std::min(kv_heads, (2 * threads + num_decode - 1) / num_decode);
+  const int64_t kv_heads_per_part = (kv_heads + parts - 1) / parts;
+  const int64_t items = num_decode * parts, chunk = parts == 1 ? 4 : 1;
   std::atomic<int64_t> next{0};
   stepserve::SpinPool::instance().run(threads, [&](int) {
-    for (int64_t start; (start = next.fetch_add(kChunk, std::memory_order_relaxed)) < num_decode;) {
-      for (int64_t t = start; t < std::min(num_decode, start + kChunk); ++t) step.attend(t, scratch);
+    for (int64_t start; (start = next.fetch_add(chunk, std::memory_order_relaxed)) < items;) {
+      for (int64_t item = start; item < std::min(items, start + chunk); ++item) {
+        const int64_t first_kv = item % parts * kv_heads_per_part;
+        const int64_t num_kv = std::min(kv_heads, first_kv + kv_heads_per_part) - first_kv;
+        if (num_kv > 0) step.attend(item / parts, first_kv * step.group, num_kv * step.group, scratch);
+      }
     }
   });
 }

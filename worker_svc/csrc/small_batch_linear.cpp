@@ -8,7 +8,9 @@
 // are read, on the step kernels' own threads (spin_pool.h: a batch-1 step runs a linear layer
 // every few tens of microseconds, and OpenMP's passive threads took a wake-up each). Past kMaxRows rows the work
 // is arithmetic, and oneDNN's GEMM on the weight packed for it at load (`packed`, what inductor's
-// frozen graph and the benchmarks' GEMM limit call) does it; at::linear without a packed weight.
+// frozen graph and the benchmarks' GEMM limit call) does it; at::linear without a packed weight,
+// but for bfloat16 on a CPU where oneDNN has no bfloat16 GEMM (AVX2 alone), which the kernel
+// takes kMaxRows rows at a time.
 //
 // float32 and bfloat16 (on the dot-product instruction where the CPU has AVX512-BF16) run the
 // vector path, other dtypes a plain loop; sums in float32, y rounded once, as a GEMM's.
@@ -30,6 +32,14 @@
 namespace {
 
 constexpr int64_t kMaxRows = 8;
+// oneDNN's bfloat16 GEMM needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (AVX2 alone) aten
+// emulates it at a fifth of this file's kernel (20 against 85 GFLOP/s at 32 rows, 2-vCPU AMD EPYC),
+// so there the kernel takes bfloat16 rows of any number.
+#if (defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)) || defined(__AVXNECONVERT__)
+constexpr bool kFastBf16Gemm = true;
+#else
+constexpr bool kFastBf16Gemm = false;
+#endif
 
 using stepserve::to_float;
 
@@ -156,7 +166,14 @@ inline void tile_any(const scalar_t* x, int64_t x_stride, const scalar_t* w, int
 // Weight rows per tile: several, so that a row's loads are in flight beside the others', few
 // enough that the MT x R sums and the R rows loaded fit the vector registers.
 template <int MT>
-constexpr int rows_per_tile() { return MT <= 2 ? 8 : MT <= 4 ? 6 : 3; }
+constexpr int rows_per_tile() {
+#if defined(__AVX512F__)
+  return MT <= 2 ? 8 : MT <= 4 ? 6 : 3;
+#else  // 16 vector registers: at 4 rows of x and more, fewer rows of W (2-vCPU AMD EPYC, AVX2: 4 rows of x
+       // 16 -> 21 GB/s of weights, 8 rows 11 -> 11.5)
+  return MT <= 2 ? 8 : MT <= 4 ? 3 : 2;
+#endif
+}
 
 struct Problem {
   void* y;
@@ -193,12 +210,29 @@ void rows_range(const Problem& p, int64_t begin, int64_t end) {
   }
 }
 
+template <typename scalar_t>
+void rows_range_of(const Problem& p, int64_t M, int64_t begin, int64_t end) {
+  switch (M) {
+    case 1: return rows_range<scalar_t, 1>(p, begin, end);
+    case 2: return rows_range<scalar_t, 2>(p, begin, end);
+    case 3: return rows_range<scalar_t, 3>(p, begin, end);
+    case 4: return rows_range<scalar_t, 4>(p, begin, end);
+    case 5: return rows_range<scalar_t, 5>(p, begin, end);
+    case 6: return rows_range<scalar_t, 6>(p, begin, end);
+    case 7: return rows_range<scalar_t, 7>(p, begin, end);
+    default: return rows_range<scalar_t, 8>(p, begin, end);
+  }
+}
+
 // W's rows go out in kChunksPerThread ranges a thread, taken from a shared counter: contiguous
 // enough for the prefetchers, and a thread slowed by the host leaves its last ranges to the others.
 constexpr int64_t kChunksPerThread = 4;
+// More rows of x than kMaxRows go through in groups of kMaxRows, kGroupRows of W's rows at a
+// time: those stay in L2 while every group multiplies them, so W is read from memory once.
+constexpr int64_t kGroupRows = 32;
 
-template <typename scalar_t, int MT>
-void run_rows(const Problem& p) {
+template <typename scalar_t>
+void run_rows(const Problem& p, int64_t M) {
   constexpr int64_t kTile = 8;  // a whole number of every MT's tiles but the odd ones
   const int64_t max_threads = std::min<int64_t>(at::get_num_threads(), stepserve::SpinPool::kMaxThreads);
   const int64_t threads = std::max<int64_t>(1, std::min(max_threads, p.N / (16 * kTile)));
@@ -208,23 +242,21 @@ void run_rows(const Problem& p) {
   std::atomic<int64_t> next{0};
   stepserve::SpinPool::instance().run(static_cast<int>(threads), [&](int) {
     for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
-      rows_range<scalar_t, MT>(p, c * rows, std::min(p.N, (c + 1) * rows));
+      const int64_t begin = c * rows, end = std::min(p.N, (c + 1) * rows);
+      if (M <= kMaxRows) {
+        rows_range_of<scalar_t>(p, M, begin, end);
+        continue;
+      }
+      for (int64_t n = begin; n < end; n += kGroupRows) {
+        for (int64_t m = 0; m < M; m += kMaxRows) {
+          Problem group = p;
+          group.x = static_cast<const scalar_t*>(p.x) + m * p.x_stride;
+          group.y = static_cast<scalar_t*>(p.y) + m * p.y_stride;
+          rows_range_of<scalar_t>(group, std::min(kMaxRows, M - m), n, std::min(end, n + kGroupRows));
+        }
+      }
     }
   });
-}
-
-template <typename scalar_t>
-void dispatch_rows(const Problem& p, int64_t M) {
-  switch (M) {
-    case 1: return run_rows<scalar_t, 1>(p);
-    case 2: return run_rows<scalar_t, 2>(p);
-    case 3: return run_rows<scalar_t, 3>(p);
-    case 4: return run_rows<scalar_t, 4>(p);
-    case 5: return run_rows<scalar_t, 5>(p);
-    case 6: return run_rows<scalar_t, 6>(p);
-    case 7: return run_rows<scalar_t, 7>(p);
-    default: return run_rows<scalar_t, 8>(p);
-  }
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
@@ -237,12 +269,11 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
 
 }  // namespace
 
-// out [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) by this file's kernel; M <= kMaxRows.
+// out [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) by this file's kernel.
 static void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && out.dim() == 2, "2-D x, weight, out");
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  TORCH_CHECK(M <= kMaxRows, "at most ", kMaxRows, " rows, got ", M);
   TORCH_CHECK(weight.size(1) == K && out.size(0) == M && out.size(1) == N, "shapes: x ", x.sizes(), ", weight ",
               weight.sizes(), ", out ", out.sizes());
   TORCH_CHECK(weight.is_contiguous() && x.stride(1) == 1 && out.stride(1) == 1, "rows contiguous in K");
@@ -254,7 +285,7 @@ static void small_batch_linear(at::Tensor& out, const at::Tensor& x, const at::T
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, weight.scalar_type(), "small_batch_linear", [&] {
     const Problem p{out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.data_ptr(),
                     bias.has_value() ? bias->data_ptr() : nullptr, N, K};
-    dispatch_rows<scalar_t>(p, M);
+    run_rows<scalar_t>(p, M);
   });
 }
 
@@ -267,9 +298,9 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const st
     shape.back() = weight.size(0);
     return linear(x.reshape({-1, x.size(-1)}), weight, bias, packed).view(shape);
   }
-  if (x.size(0) > kMaxRows || !weight.is_contiguous() || x.scalar_type() != weight.scalar_type()) {
-    return packed.has_value() ? packed_linear(x, *packed, bias) : at::linear(x, weight, bias);
-  }
+  const bool ours = weight.is_contiguous() && x.scalar_type() == weight.scalar_type() &&
+                    (x.size(0) <= kMaxRows || (!packed.has_value() && x.scalar_type() == at::kBFloat16 && !kFastBf16Gemm));
+  if (!ours) return packed.has_value() ? packed_linear(x, *packed, bias) : at::linear(x, weight, bias);
   at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options());
   small_batch_linear(out, x.stride(1) == 1 ? x : x.contiguous(), weight, bias);
   return out;
