@@ -20,8 +20,10 @@ its server with tcmalloc and Intel OpenMP preloaded when found and a KV cache of
 core's threads, a slot per request of the highest concurrency, each slot the context of one
 request, and continuous batching (../shared/peers/llamacpp/README.md, built from the sdist there).
 
-Without --vllm-python only stepserve runs, measured by `stepserve bench serve` (the same
-metrics, its own client): what the test does. Besides the client's figures, every run records
+Without --vllm-python, `stepserve bench serve` (the same metrics, its own client: what the test
+does) measures stepserve and the llama.cpp engines: where vLLM's CPU wheel does not run (0.32's
+needs AVX-512: on an AVX2 CPU its client and server die of an illegal instruction). It sends
+token ids and counts each response's tokens from the server's usage. Besides the client's figures, every run records
 the CPU seconds each server process used (scheduler, workers, gateway: where a request's cost
 goes). Prints one JSON line per run and a summary with medians and, against each other engine,
 the ratio of requests/s and whether stepserve's TTFT p50 and p99 and TPOT p50 are at or below
@@ -199,7 +201,7 @@ def run_client(args: argparse.Namespace, engine: str, port: int, server_pid: int
             result = json.load(f)
     # vLLM's client reports the requests that failed but still exits 0; ours exits 1.
     row = {key: result[key] for key in ("completed", "failed", *METRICS)}
-    if engine.startswith(LLAMA_CPP):
+    if engine.startswith(LLAMA_CPP) and args.vllm_python is not None:
         row.update(_tpot_of_exact_outputs(result, args.output_len))
     row["cpu_s"] = {role: round(seconds - before.get(role, 0.0), 2) for role, seconds in after.items()}
     return row

@@ -25,6 +25,23 @@ def test_greedy_matches_transformers(tmp_path, family):
     assert runner_greedy(folder, prompts, EVENTS, token_budget=16, argmax_only=True) == expected
 
 
+@pytest.mark.parametrize("argmax_only", [True, False])
+def test_the_graph_called_from_cpp_matches_transformers_too(tmp_path, monkeypatch, argmax_only):
+    """Real-size CPU models' graphs make their calls from C++ (inductor's cpp_wrapper,
+    model_executor.CPP_WRAPPER_FROM_BYTES): here a small one's, with the greedy head and with
+    the full logits (EOS banned: the sampler's path)."""
+    import torch._inductor.config as inductor_config
+
+    from worker_svc import model_executor
+    monkeypatch.setattr(model_executor, "CPP_WRAPPER_FROM_BYTES", 0)
+    monkeypatch.setattr(inductor_config, "cpp_wrapper", inductor_config.cpp_wrapper)  # restored after
+    folder = make_qwen3_folder(str(tmp_path / "model"))
+    prompts = sample_prompts(1000)
+    expected = hf_greedy_each(folder, prompts)
+    assert runner_greedy(folder, prompts, EVENTS, token_budget=16, argmax_only=argmax_only) == expected
+    assert inductor_config.cpp_wrapper
+
+
 @pytest.mark.parametrize("family", ["llama"] + WINDOWED)
 def test_the_eager_path_matches_transformers_too(tmp_path, family):
     folder = FAMILIES[family](str(tmp_path / "model"))
