@@ -10,9 +10,12 @@ alternating (A B C, then C B A).
 
 Each round starts each engine's server afresh, each with its own defaults (--stepserve-arg and
 --vllm-arg add flags), warms it with an untimed run (twice the highest concurrency's prompts at
-that concurrency: both engines compile for new batch shapes on first sight), and runs every case (CONCURRENCY:NUM_PROMPTS) in every sampling against
-it with vLLM's benchmark client: its random dataset, --input-len tokens in and --output-len out,
-streamed completions, EOS ignored. Sampling `default` sends no temperature, so each server's
+that concurrency: both engines compile for new batch shapes on first sight), and runs every case
+(CONCURRENCY:NUM_PROMPTS) in every sampling against it with vLLM's benchmark client: its random
+dataset, --input-len tokens in and --output-len out, streamed completions, EOS ignored. The
+warm-up and each case draw prompts of their own (seeds apart; the client's own warm-up, which
+sends a run's first prompt, is off): every engine caches prefixes, and a prompt seen before is
+prefilled from its cache. Sampling `default` sends no temperature, so each server's
 default (1.0); `greedy` sends temperature 0. vLLM's CLI runs through benchmarks/vllm_cli.py, and
 its server with tcmalloc and Intel OpenMP preloaded when found and a KV cache of
 --vllm-kv-cache-gb, as its docs recommend for CPUs. llama-server (--llama-server, one engine per
@@ -53,6 +56,7 @@ METRICS = ("request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_m
 LATENCY_TARGETS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms")
 _VLLM_CLI = os.path.join(os.path.dirname(__file__), "vllm_cli.py")
 LLAMA_CPP = "llama.cpp-"  # the engines of --gguf NAME=FILE: llama.cpp-NAME
+WARM_UP_SEED_OFFSET = 1_000_003  # the warm-up's prompts, apart from every case's (--seed + its index)
 
 
 def _free_port() -> int:
@@ -162,11 +166,10 @@ def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[li
 
 
 def client_command(args: argparse.Namespace, engine: str, port: int, concurrency: int, num_prompts: int,
-                   sampling: str, result_path: str) -> list[str]:
+                   sampling: str, seed: int, result_path: str) -> list[str]:
     """vLLM's `bench serve` when a vLLM environment is given, else `stepserve bench serve`."""
     greedy = ["--temperature", "0"] if sampling == "greedy" else []
-    common = ["--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--seed", str(args.seed),
-              *greedy]
+    common = ["--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--seed", str(seed), *greedy]
     url = f"http://127.0.0.1:{port}"
     if args.vllm_python is None:
         return [sys.executable, "-m", "stepserve.cli", "bench", "serve", "--base-url", url,
@@ -177,18 +180,18 @@ def client_command(args: argparse.Namespace, engine: str, port: int, concurrency
     return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", *detailed, "--base-url", url,
             "--model", args.served_model_name, "--tokenizer", args.model, "--dataset-name", "random",
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-            "--ignore-eos", "--disable-tqdm", "--num-warmups", "4", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--ignore-eos", "--disable-tqdm", "--num-warmups", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result_path),
             "--result-filename", os.path.basename(result_path), *common]
 
 
 def run_client(args: argparse.Namespace, engine: str, port: int, server_pid: int, concurrency: int,
-               num_prompts: int, sampling: str) -> dict:
+               num_prompts: int, sampling: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.json")
         before = tree_cpu_seconds(server_pid)
         try:
-            out = subprocess.run(client_command(args, engine, port, concurrency, num_prompts, sampling, path),
+            out = subprocess.run(client_command(args, engine, port, concurrency, num_prompts, sampling, seed, path),
                                  capture_output=True, text=True, timeout=args.client_timeout)
         except subprocess.TimeoutExpired:
             return {"completed": 0, "failed": num_prompts, "timed_out": True, **dict.fromkeys(METRICS, float("nan")),
@@ -315,14 +318,18 @@ def main(argv=None) -> int:
             cmd, env = server_command(engine, args, port)
             log_path = os.path.join(log_dir, f"{engine}-{round_index}.log")
             with running_server(cmd, env, port, log_path, args.start_timeout) as server_pid:
-                # Untimed: what a server does once (compiling for new batch shapes) is not its speed.
+                # Untimed: what a server does once (compiling for new batch shapes) is not its speed. Its
+                # prompts, and each case's, are drawn apart: a prompt seen before is a prefix-cache hit.
                 busiest = max(concurrency for concurrency, _ in args.case)
-                run_client(args, engine, port, server_pid, busiest, 2 * busiest, args.sampling[0])
-                for concurrency, num_prompts in args.case:
-                    for sampling in args.sampling:
+                run_client(args, engine, port, server_pid, busiest, 2 * busiest, args.sampling[0],
+                           args.seed + WARM_UP_SEED_OFFSET)
+                for case_index, (concurrency, num_prompts) in enumerate(args.case):
+                    for sampling_index, sampling in enumerate(args.sampling):
+                        seed = args.seed + case_index * len(args.sampling) + sampling_index
                         run = {"round": round_index, "engine": engine, "concurrency": concurrency,
                                "num_prompts": num_prompts, "sampling": sampling,
-                               **run_client(args, engine, port, server_pid, concurrency, num_prompts, sampling)}
+                               **run_client(args, engine, port, server_pid, concurrency, num_prompts, sampling,
+                                            seed)}
                         runs.append(run)
                         print(json.dumps(run), flush=True)
     summary = summarize(runs)
