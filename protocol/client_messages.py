@@ -150,6 +150,11 @@ class ReplicaHealth(msgspec.Struct, array_like=True):
     # its worker spent executing steps (async scheduling raises it by hiding planning).
     mean_step_time_ms: float = 0.0
     worker_busy_fraction: float = 0.0
+    # Its prefix cache, in tokens (prompt tokens looked up on admission, and those found), and
+    # the requests prefix routing sent it because it cached more of their prompt.
+    num_prefix_cache_queries: int = 0
+    num_prefix_cache_hits: int = 0
+    num_routed_by_prefix: int = 0
 
 
 class Health(Message, tag=True):

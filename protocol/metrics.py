@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.client_messages import Health
+from protocol.client_messages import Health, ReplicaHealth
 
 PREFIX = "stepserve:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,12 +34,19 @@ class QueueState:
     num_preemptions: int = 0
     num_replicas_healthy: int = 0  # joined and answering
     num_replicas_unhealthy: int = 0  # dropped for silence, still connected (Health.unhealthy_replicas)
+    replicas: tuple[ReplicaHealth, ...] = ()
 
     @classmethod
     def of(cls, h: Health) -> "QueueState":
         usage = 1.0 - h.num_free_blocks / h.num_total_blocks if h.num_total_blocks else 0.0
         return cls(h.num_running, h.num_waiting + h.num_swapped, usage, h.num_preemptions, len(h.replicas),
-                   len(h.unhealthy_replicas))
+                   len(h.unhealthy_replicas), tuple(h.replicas))
+
+
+def _per_replica(family, replicas: tuple[ReplicaHealth, ...], field: str):
+    for replica in replicas:
+        family.add_metric([replica.name], getattr(replica, field))
+    return family
 
 
 class _QueueCollector(Collector):
@@ -61,6 +68,17 @@ class _QueueCollector(Collector):
         yield GaugeMetricFamily(PREFIX + "num_replicas_unhealthy",
                                 "Replicas dropped because their workers fell silent past --worker-timeout, "
                                 "until they rejoin.", value=state.num_replicas_unhealthy)
+        # vLLM's prefix cache counters (tokens), one series per replica: each holds its own cache.
+        yield _per_replica(CounterMetricFamily(PREFIX + "prefix_cache_queries",
+                                               "Prompt tokens looked up in the prefix cache.", labels=["replica"]),
+                           state.replicas, "num_prefix_cache_queries")
+        yield _per_replica(CounterMetricFamily(PREFIX + "prefix_cache_hits",
+                                               "Prompt tokens found in the prefix cache.", labels=["replica"]),
+                           state.replicas, "num_prefix_cache_hits")
+        yield _per_replica(CounterMetricFamily(PREFIX + "requests_routed_by_prefix",
+                                               "Requests sent to a replica because its prefix cache held more "
+                                               "of their prompt (--routing prefix).", labels=["replica"]),
+                           state.replicas, "num_routed_by_prefix")
 
 
 class ServingMetrics:

@@ -10,7 +10,7 @@ import sys
 from protocol import event_loop
 from scheduler_svc.admission import DEFAULT_MAX_QUEUED_REQUESTS
 from scheduler_svc.auth import FrontDoor
-from scheduler_svc.config import PREEMPTION_MODES, SCHEDULING_POLICIES, SchedulerConfig
+from scheduler_svc.config import PREEMPTION_MODES, ROUTING_HELP, ROUTING_MODES, SCHEDULING_POLICIES, SchedulerConfig
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
 from scheduler_svc.service import SchedulerService
 
@@ -25,6 +25,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=SchedulerConfig.policy,
                    help="priority: lower priority values first, ties by arrival, and a waiting request may "
                         "preempt a running one of a higher value (vLLM's --scheduling-policy)")
+    p.add_argument("--routing", choices=ROUTING_MODES, default=SchedulerConfig.routing, help=ROUTING_HELP)
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=SchedulerConfig.enable_prefix_caching,
@@ -59,7 +60,7 @@ async def run(args: argparse.Namespace) -> None:
                              preemption_mode=args.preemption, policy=args.scheduling_policy,
                              enable_chunked_prefill=not args.no_chunked_prefill,
                              enable_prefix_caching=args.enable_prefix_caching,
-                             async_scheduling=args.async_scheduling)
+                             async_scheduling=args.async_scheduling, routing=args.routing)
     service = SchedulerService(args.frontend, args.worker_address, config, worker_timeout_s=args.worker_timeout,
                                step_timeout_s=args.step_timeout,
                                max_message_bytes=args.max_message_mb << 20,

@@ -6,6 +6,9 @@ from protocol.pooling import PoolingInfo
 # The one list of each: the scheduler's flags and stepserve's cluster flags offer these.
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+ROUTING_MODES = ("load", "prefix")  # scheduler_svc/routing.py
+ROUTING_HELP = ("which replica takes a waiting request: prefix (default), the one whose prefix cache holds the "
+                "most of its prompt unless it is much busier than the others; load, the first with room")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,9 @@ class SchedulerConfig:
     # faster offline and served with lower latency (docs/figures.md, benchmarks/async_scheduling.py,
     # benchmarks/serve_peers.py).
     async_scheduling: bool = True
+    # Which replica takes a waiting request: the first with room ("load"), or the one whose prefix
+    # cache holds the most of its prompt within a load bound ("prefix"; scheduler_svc/routing.py).
+    routing: str = "prefix"
 
     @property
     def plans_in_flight(self) -> int:
@@ -40,6 +46,8 @@ class SchedulerConfig:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         if self.policy not in SCHEDULING_POLICIES:
             raise ValueError(f"policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}")
+        if self.routing not in ROUTING_MODES:
+            raise ValueError(f"routing must be one of {ROUTING_MODES}, got {self.routing!r}")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """LiveRequests: how a request starts and ends on the scheduler, from every path.
 
 A request admitted from a client's Generate waits in `pending` until a replica's step loop moves
-it into its core (step_loop.py); `book` indexes every live one by id and client
+it into its core (step_loop.py), or into the queue of the replica `router` sends it to
+(routing.py), which moves it into its core in turn; `book` indexes every live one by id and client
 (request_book.py). `end` is the one way a live request ends here: a step's stop, length or
 error, an abort, a refusal, a vanished client, the drain. Each ending's last output goes into
 `outputs`, which the service flushes to the clients.
@@ -9,6 +10,7 @@ error, an abort, a refusal, a vanished client, the drain. Each ending's last out
 from protocol import ErrorCode
 from protocol.client_messages import GenerateRequest
 from scheduler_svc.admission import Admission
+from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.gc_tuning import tune_gc_for_large_queues
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import OutputBatcher, error_output, output_for
@@ -16,12 +18,15 @@ from scheduler_svc.replica import Replica
 from scheduler_svc.replica_set import ReplicaSet
 from scheduler_svc.request import Request
 from scheduler_svc.request_book import RequestBook
+from scheduler_svc.routing import Router
 from scheduler_svc.waiting_queue import make_waiting_queue
 
 
 class LiveRequests:
-    def __init__(self, policy: str, admission: Admission, replicas: ReplicaSet, metrics: SchedulerMetrics | None):
-        self.pending = make_waiting_queue(policy)
+    def __init__(self, config: SchedulerConfig, admission: Admission, replicas: ReplicaSet,
+                 metrics: SchedulerMetrics | None):
+        self.pending = make_waiting_queue(config.policy)
+        self.router = Router(config)
         self.book = RequestBook()  # every live request, by id and client
         self.outputs = OutputBatcher()
         self._admission = admission
@@ -61,8 +66,9 @@ class LiveRequests:
                 replica.core.abort(request.request_id, reason)
                 replica.wakeup.set()  # its id must reach the worker in a (possibly free-only) plan
             else:
-                request.mark_finished(reason)  # still in `pending`: skipped when it reaches the front
-                self.pending.mark_removed()
+                request.mark_finished(reason)  # still waiting: skipped when it reaches the front
+                if not self.router.remove(request):
+                    self.pending.mark_removed()
         self.book.forget(request)
         if self._metrics is not None:
             self._metrics.on_end(request, reason)
@@ -75,7 +81,7 @@ class LiveRequests:
             self.outputs.add(request.client, output)
 
     def _replica_holding(self, request: Request) -> Replica | None:
-        """The replica whose core holds the request; None while it waits in `pending`.
+        """The replica whose core holds the request; None while it waits in `pending` or routed.
         O(replicas): each core is the one owner of what it holds."""
         for replica in self._replicas:
             if replica.core.get_request(request.request_id) is request:
@@ -99,8 +105,15 @@ class LiveRequests:
             self.abort(request_id, None)
         self.outputs.drop(client)  # nobody to read them; other clients' outputs stay
 
-    def requeue(self, requests: list[Request]) -> None:
-        """A dropped replica's requests, to recompute elsewhere: back to the front of `pending`,
-        in the order they ran."""
+    @property
+    def num_waiting(self) -> int:
+        """Requests no core holds yet: in `pending` or routed to a replica."""
+        return len(self.pending) + len(self.router)
+
+    def requeue(self, replica: Replica) -> int:
+        """A dropped replica's requests, to recompute elsewhere: those its core held, then those
+        routed to it, back to the front of `pending`, in the order they ran. Returns how many."""
+        requests = replica.core.take_unfinished() + self.router.forget(replica)
         for request in reversed(requests):
             self.pending.push_front(request)
+        return len(requests)

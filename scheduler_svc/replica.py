@@ -43,6 +43,7 @@ class Replica:
         self.sent_at: dict[int, float] = {}  # step id -> when it was sent, until its answer came
         self.last_heartbeat: dict[str, Heartbeat] = {}  # by worker_id
         self.num_steps = 0
+        self.num_routed_by_prefix = 0  # requests sent here by prefix routing (scheduler_svc/routing.py)
         # Recent steps: (when the answer came, seconds the worker spent executing it).
         self.recent_steps: deque[tuple[float, float]] = deque(maxlen=256)
 

@@ -3,7 +3,7 @@ dispatch of what arrives on them.
 
 Clients (DEALER) -> ROUTER frontend; workers (DEALER) -> ROUTER workers. Requests wait in
 `pending` until a replica has room; each replica's step loop (step_loop.py) then moves them into
-its core, which plans its steps. The replicas are a ReplicaSet (replica_set.py); a dropped
+its core, which plans its steps, or routes them to the replica caching their prefix (routing.py). The replicas are a ReplicaSet (replica_set.py); a dropped
 replica's requests go back to the front of `pending`.
 
 Operating it: CurveZMQ and the open-port warning (auth.py), backpressure (admission.py), the
@@ -59,7 +59,7 @@ class SchedulerService:
         self.max_message_bytes = max_message_bytes
         self.check_integrity_when_idle = check_integrity_when_idle
         self.replicas = ReplicaSet(config)
-        self.requests = LiveRequests(config.policy, self.admission, self.replicas, self.metrics)
+        self.requests = LiveRequests(config, self.admission, self.replicas, self.metrics)
         self.drain = Drain(self.admission, self.requests, self.replicas, flush_outputs=self.flush_outputs,
                            stop=self.stop, timeout_s=drain_timeout_s)
         self._client_decoder = client_to_scheduler_decoder()
@@ -265,7 +265,7 @@ class SchedulerService:
                           self.instance_id)
 
     def _health(self) -> Health:
-        h = health(list(self.replicas), len(self.requests.pending), self.requests.book.num_finished)
+        h = health(list(self.replicas), self.requests.num_waiting, self.requests.book.num_finished)
         h.instance_id, h.draining = self.instance_id, self.admission.draining
         h.unhealthy_replicas = self.replicas.stalled_names
         return h
@@ -280,7 +280,7 @@ class SchedulerService:
         logger.info("worker %s joined: %s on %s, %d KV blocks, %d state slots", hello.worker_id, hello.model,
                     hello.device, hello.num_gpu_blocks, hello.num_state_slots)
         if replica.is_complete:
-            driver = ReplicaDriver(replica, self.config, self.requests, send_plan=self._send_plan,
+            driver = ReplicaDriver(replica, self.replicas, self.config, self.requests, send_plan=self._send_plan,
                                    flush_outputs=self.flush_outputs, drop_replica=self.drop_replica,
                                    metrics=self.metrics, check_integrity_when_idle=self.check_integrity_when_idle)
             self._spawn(driver.run())
@@ -291,9 +291,8 @@ class SchedulerService:
         replica.fail()
         # A worker that still lives (silent, not dead) is not told to exit: its heartbeats, once
         # it answers again, hear that it is unknown, and it forgets every request, then rejoins.
-        requeued = replica.core.take_unfinished()
-        self.requests.requeue(requeued)
-        logger.warning("replica %s dropped; %d requests requeued", replica.name, len(requeued))
+        num_requeued = self.requests.requeue(replica)
+        logger.warning("replica %s dropped; %d requests requeued", replica.name, num_requeued)
         self._wake_replicas()
 
     def _wake_replicas(self) -> None:

@@ -39,7 +39,8 @@ def health(replicas: list[Replica], num_pending: int, num_finished: int) -> Heal
         worker_state_slots_in_use=sum(b.num_state_slots_in_use for b in beats),
         replicas=[ReplicaHealth(r.name, len(r.identities), r.num_steps, r.core.num_waiting, r.core.num_running,
                                 r.core.num_swapped, r.core.num_free_blocks, r.core.num_total_blocks,
-                                *(round(x, 3) for x in timing))
+                                *(round(x, 3) for x in timing), r.core.block_manager.num_prefix_cache_queries,
+                                r.core.block_manager.num_prefix_cache_hits, r.num_routed_by_prefix)
                   for r, timing in zip(replicas, timings)],
         num_preemptions=sum(c.num_preemptions for c in cores),
         num_cached_blocks=sum(b.num_cached_blocks for b in block_managers),

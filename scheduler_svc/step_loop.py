@@ -24,6 +24,7 @@ from scheduler_svc.live_requests import LiveRequests
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import output_for
 from scheduler_svc.replica import Replica, WorkerLost
+from scheduler_svc.replica_set import ReplicaSet
 
 logger = logging.getLogger("stepserve.scheduler")
 
@@ -31,7 +32,7 @@ logger = logging.getLogger("stepserve.scheduler")
 class ReplicaDriver:
     """Drives one replica's steps until the replica is dropped."""
 
-    def __init__(self, replica: Replica, config: SchedulerConfig, requests: LiveRequests, *,
+    def __init__(self, replica: Replica, replicas: ReplicaSet, config: SchedulerConfig, requests: LiveRequests, *,
                  send_plan: Callable[[Replica, StepPlan], Awaitable[None]],
                  flush_outputs: Callable[[], Awaitable[None]], drop_replica: Callable[[Replica], None],
                  metrics: SchedulerMetrics | None, check_integrity_when_idle: bool):
@@ -39,6 +40,7 @@ class ReplicaDriver:
         queued in requests.outputs to their clients; drop_replica: called if this loop fails, so
         that the replica's requests are recomputed elsewhere."""
         self.replica = replica
+        self.replicas = replicas  # the others, which routing may send a request to
         self.core = replica.core
         self.requests = requests
         self._send_plan = send_plan
@@ -93,24 +95,32 @@ class ReplicaDriver:
         watermark, up to a second watermark's worth: else an interactive request would sit behind
         a core queue full of batch work until enough of it was admitted, many steps. A refill
         moves at most two watermarks of requests, so a step stays O(batch)."""
-        core, pending = self.core, self.requests.pending
+        replica, core, pending, router = self.replica, self.core, self.requests.pending, self.requests.router
         head = core.waiting_head
         # The head as the refill began: a burst of urgent requests enters together.
         urgent_below = head.priority if self.priority_policy and head is not None else None
         while True:
-            request = pending.peek()
+            request, queue = router.next_for(replica, pending)
             if request is None:
                 break
             if core.num_waiting >= self.watermark and not (
                     urgent_below is not None and request.priority < urgent_below
                     and core.num_waiting < 2 * self.watermark):
                 break
+            if queue is pending:
+                # Routed away at most until that replica is past the balance threshold above this
+                # one's load, which is under the watermark: a refill stays O(watermark).
+                destination = router.destination(request, replica, self.replicas)
+                if destination is not replica:
+                    pending.pop()
+                    router.send(request, destination)
+                    continue
             try:
                 core.add_request(request)
             except RequestRejected as e:
-                self.requests.end(request, "error", (e.code, e.message))  # still the head of `pending`
+                self.requests.end(request, "error", (e.code, e.message))  # still the front of its queue
                 continue
-            pending.pop()  # the request peeked: now its core holds it
+            router.taken(request, queue)  # the request peeked: now its core holds it
 
     def _apply(self, updates, step_error: str | None) -> None:
         """A step's updates to the clients: a delta each, or the end of a finished request."""

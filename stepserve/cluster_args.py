@@ -4,7 +4,7 @@ import contextlib
 from collections.abc import Iterator
 
 from protocol.pooling import POOLING_TYPES, TASKS
-from scheduler_svc.config import PREEMPTION_MODES, SCHEDULING_POLICIES
+from scheduler_svc.config import PREEMPTION_MODES, ROUTING_HELP, ROUTING_MODES, SCHEDULING_POLICIES
 from stepserve.launcher import LocalCluster
 
 
@@ -37,6 +37,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption", default=None, choices=PREEMPTION_MODES)
     p.add_argument("--scheduling-policy", default=None, choices=SCHEDULING_POLICIES,
                    help="priority: lower priority values first; batch jobs yield to interactive requests")
+    p.add_argument("--routing", default=None, choices=ROUTING_MODES, help=ROUTING_HELP)
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run the model op by op instead of the compiled step (faster start-up)")
     p.add_argument("--max-cudagraph-capture-size", type=int, default=None,
@@ -66,7 +67,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 # Which process takes each option of a local cluster: the flag is the option's name with dashes.
 # Options left None take that process's own default; booleans become --name / --no-name.
-_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy",
+_SCHEDULER_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "preemption", "scheduling_policy", "routing",
                       "enable_prefix_caching", "async_scheduling", "worker_timeout",
                       "step_timeout")
 _WORKER_OPTIONS = ("revision", "download_dir", "dtype", "load_format", "kv_cache_gb", "max_model_len",

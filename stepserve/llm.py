@@ -53,7 +53,8 @@ class LLM:
                  load_format: str | None = None, kv_cache_gb: float | None = None, block_size: int | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool | None = None, async_scheduling: bool | None = None,
-                 scheduling_policy: str | None = None, enforce_eager: bool | None = None,
+                 scheduling_policy: str | None = None, routing: str | None = None,
+                 enforce_eager: bool | None = None,
                  generation_config: str | None = None,
                  compile_cache_dir: str | None = None, scheduler_args: list[str] = (),
                  worker_args: list[str] = (), startup_timeout_s: float = 300.0, quiet: bool = True,
@@ -67,7 +68,7 @@ class LLM:
             generation_config=generation_config,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             preemption="swap" if swap_space else None, enable_prefix_caching=enable_prefix_caching,
-            async_scheduling=async_scheduling, scheduling_policy=scheduling_policy)
+            async_scheduling=async_scheduling, scheduling_policy=scheduling_policy, routing=routing)
         scheduler_args = own_scheduler_args + list(scheduler_args)
         worker_args = own_worker_args + list(worker_args)
         self._seeds = random.Random(seed) if seed is not None else None
