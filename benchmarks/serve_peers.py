@@ -177,25 +177,42 @@ def client_command(args: argparse.Namespace, engine: str, port: int, concurrency
                 "--output-len", str(args.output_len), "--json", result_path, *common]
     # llama.cpp: the per-request times too, for its TPOT (run_client)
     detailed = ["--save-detailed"] if engine.startswith(LLAMA_CPP) else []
-    return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", *detailed, "--base-url", url,
-            "--model", args.served_model_name, "--tokenizer", args.model, "--dataset-name", "random",
-            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-            "--ignore-eos", "--disable-tqdm", "--num-warmups", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result_path),
-            "--result-filename", os.path.basename(result_path), *common]
+    dataset = ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+               "--random-output-len", str(args.output_len)]
+    return vllm_bench_command(args, url, [*detailed, *dataset, *common], result_path)
+
+
+def vllm_bench_command(args: argparse.Namespace, url: str, run_args: list[str], result_path: str) -> list[str]:
+    """vLLM's `bench serve` of args.served_model_name at url, streamed, EOS ignored, its own warm-up
+    off, its result saved to result_path; run_args: the dataset, the request count, the rest."""
+    return [args.vllm_python, _VLLM_CLI, "bench", "serve", "--backend", "vllm", "--base-url", url,
+            "--model", args.served_model_name, "--tokenizer", args.model, "--ignore-eos", "--disable-tqdm",
+            "--num-warmups", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", os.path.dirname(result_path),
+            "--result-filename", os.path.basename(result_path), *run_args]
 
 
 def run_client(args: argparse.Namespace, engine: str, port: int, server_pid: int, concurrency: int,
                num_prompts: int, sampling: str, seed: int) -> dict:
+    row, result = run_benchmark_client(
+        lambda path: client_command(args, engine, port, concurrency, num_prompts, sampling, seed, path),
+        server_pid, num_prompts, args.client_timeout)
+    if result is not None and engine.startswith(LLAMA_CPP) and args.vllm_python is not None:
+        row.update(_tpot_of_exact_outputs(result, args.output_len))
+    return row
+
+
+def run_benchmark_client(command, server_pid: int, num_prompts: int, timeout_s: float) -> tuple[dict, dict | None]:
+    """Runs command(result_path) (a benchmark client); returns its METRICS row, with the CPU seconds
+    the server's processes used meanwhile, and its whole result (None if it timed out)."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.json")
         before = tree_cpu_seconds(server_pid)
         try:
-            out = subprocess.run(client_command(args, engine, port, concurrency, num_prompts, sampling, seed, path),
-                                 capture_output=True, text=True, timeout=args.client_timeout)
+            out = subprocess.run(command(path), capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return {"completed": 0, "failed": num_prompts, "timed_out": True, **dict.fromkeys(METRICS, float("nan")),
-                    "cpu_s": {}}
+            return ({"completed": 0, "failed": num_prompts, "timed_out": True, **dict.fromkeys(METRICS, float("nan")),
+                     "cpu_s": {}}, None)
         after = tree_cpu_seconds(server_pid)
         if not os.path.exists(path):
             raise RuntimeError(f"the benchmark client wrote no result ({out.returncode}):\n"
@@ -204,10 +221,8 @@ def run_client(args: argparse.Namespace, engine: str, port: int, server_pid: int
             result = json.load(f)
     # vLLM's client reports the requests that failed but still exits 0; ours exits 1.
     row = {key: result[key] for key in ("completed", "failed", *METRICS)}
-    if engine.startswith(LLAMA_CPP) and args.vllm_python is not None:
-        row.update(_tpot_of_exact_outputs(result, args.output_len))
     row["cpu_s"] = {role: round(seconds - before.get(role, 0.0), 2) for role, seconds in after.items()}
-    return row
+    return row, result
 
 
 def _tpot_of_exact_outputs(result: dict, output_len: int) -> dict:
