@@ -26,11 +26,11 @@ def test_llm_prefix_caching_on_by_default_and_off_on_request():
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     prompts = [[5] * 40 + [6], [5] * 40 + [7]]  # a shared 40-token prefix
     outputs = {}
-    # One replica: each replica caches its own prefixes, and the second prompt may start on
-    # whichever replica is free first.
+    # The default replicas (one per core): each caches its own prefixes, and prefix routing sends
+    # the second prompt to the one that computed the first, whichever asks for it.
     for enable in (None, False):
         with LLM(model="micro-llama", dtype="float32", kv_cache_gb=0.05, enable_prefix_caching=enable,
-                 enforce_eager=True, data_parallel_size=1) as llm:
+                 enforce_eager=True) as llm:
             outputs[enable] = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)]
             health = llm.client.health()
             assert (health.num_prefix_cache_hits > 0) == (enable is None)
