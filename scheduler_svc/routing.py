@@ -13,9 +13,18 @@ Exact, not an approximate tree kept beside the caches: each core's block pool is
 of what its replica caches (the core plans every allocation and eviction), so the lookup asks the
 pools: O(prompt blocks) per replica, with hashes the chosen core reuses when it admits the
 request. An evicted block is no longer found; a dropped replica is no longer asked, and what was
-routed to it goes back to `pending`. Load is counted in requests (waiting, running, routed), not
+routed to it goes back to `pending`.
+
+A burst of prompts sharing a prefix none caches yet would each start computing it on whichever
+replica refills: so the router remembers, for the first block a routed request's replica lacks,
+that the replica will compute it (a bounded LRU of block hashes), and sends the next prompt needing
+that block there too, within the same balance bound. The prefix is then computed once, not once
+per replica. Load is counted in requests (waiting, running, routed), not
 tokens: a request whose prefix is cached costs its replica only its suffix.
 """
+from collections import OrderedDict
+
+from scheduler_svc.block_hash import block_hash
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.replica import Replica
 from scheduler_svc.request import Request
@@ -25,6 +34,8 @@ from scheduler_svc.waiting_queue import make_waiting_queue
 # than the refilling one, or at most this factor of them (SGLang's router balances likewise).
 BALANCE_ABS_THRESHOLD = 32
 BALANCE_REL_THRESHOLD = 1.5
+# Blocks remembered as about to be computed on a replica: a burst's distinct prefixes, many times.
+NUM_PROMISED_BLOCKS = 8192
 
 
 class Router:
@@ -33,6 +44,8 @@ class Router:
         self._policy = config.policy
         self._queues: dict[str, object] = {}  # replica name -> its waiting queue of requests routed to it
         self._routed_to: dict[str, str] = {}  # request id -> replica name, while it waits routed
+        # hash of a block not cached anywhere yet -> the replica a request needing it went to
+        self._promised: OrderedDict[bytes, str] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._routed_to)
@@ -60,23 +73,47 @@ class Router:
 
     def destination(self, request: Request, refilling: Replica, replicas) -> Replica:
         """Where a request from `pending` goes when `refilling` asks for work: the replica caching
-        the most of its leading blocks, more than the refilling one, and not past the balance
-        threshold; else the refilling replica. O(replicas x prompt blocks)."""
-        if not self.by_prefix:
+        the most of its leading blocks, more than the refilling one (or as many and computing the
+        next one already), and not past the balance threshold; else the refilling replica.
+        O(replicas x prompt blocks)."""
+        if not self.by_prefix or not refilling.core.enable_prefix_caching:
             return refilling
         block_size = refilling.core.capacity.block_size
-        best, best_blocks = refilling, len(refilling.core.block_manager.find_cached_prefix(request).block_ids)
+        found = {refilling.name: self._num_cached_blocks(refilling, request)}
+        candidates = {refilling.name: refilling}
+        best = refilling
         for replica in replicas:
             if (replica is refilling or not replica.alive or not replica.is_complete
+                    or not replica.core.enable_prefix_caching
                     or replica.core.capacity.block_size != block_size):  # hashes are per block size
                 continue
-            num_blocks = len(replica.core.block_manager.find_cached_prefix(request).block_ids)
-            if num_blocks > best_blocks or (num_blocks == best_blocks and best is not refilling
-                                            and self.load(replica) < self.load(best)):
-                best, best_blocks = replica, num_blocks
-        if best is refilling or not self._within_balance(best, refilling):
-            return refilling
+            num_blocks = found[replica.name] = self._num_cached_blocks(replica, request)
+            candidates[replica.name] = replica
+            if num_blocks > found[best.name] or (num_blocks == found[best.name] and best is not refilling
+                                                 and self.load(replica) < self.load(best)):
+                best = replica
+        num_blocks = found[best.name]
+        next_block = (block_hash(request, num_blocks, block_size)
+                      if (num_blocks + 1) * block_size <= request.num_tokens
+                      and request.params.prompt_logprobs is None else None)
+        if next_block is not None:
+            promised = self._promised.get(next_block)
+            if promised is not None and found.get(promised) == num_blocks:
+                best = candidates[promised]
+        if best is not refilling and not self._within_balance(best, refilling):
+            best = refilling
+        if next_block is not None:
+            self._promise(next_block, best)
         return best
+
+    def _num_cached_blocks(self, replica: Replica, request: Request) -> int:
+        return len(replica.core.block_manager.find_cached_prefix(request).block_ids)
+
+    def _promise(self, block: bytes, replica: Replica) -> None:
+        self._promised[block] = replica.name
+        self._promised.move_to_end(block)
+        if len(self._promised) > NUM_PROMISED_BLOCKS:
+            self._promised.popitem(last=False)
 
     def load(self, replica: Replica) -> int:
         """Requests the replica holds or has been routed."""
@@ -115,4 +152,6 @@ class Router:
         requests = queue.drain() if queue is not None else []
         for request in requests:
             del self._routed_to[request.request_id]
+        for block in [block for block, name in self._promised.items() if name == replica.name]:
+            del self._promised[block]
         return requests

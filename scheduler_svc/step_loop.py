@@ -65,7 +65,7 @@ class ReplicaDriver:
         replica, core = self.replica, self.core
         while replica.alive:
             if core.num_plans_in_flight < self.plans_in_flight:
-                self._refill()
+                self.refill()
                 plan = core.schedule()
                 if plan is not None:
                     replica.begin_step(plan)
@@ -87,7 +87,7 @@ class ReplicaDriver:
             self._apply(core.update(plan, result), result.error)
             await self._flush_outputs()
 
-    def _refill(self) -> None:
+    def refill(self) -> None:
         """Moves pending requests into the core, up to the watermark of waiting ones; one the
         core refuses (scheduler_svc/validation.py) fails alone.
 

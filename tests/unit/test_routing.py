@@ -52,7 +52,7 @@ class Cluster:
         return ids
 
     def refill(self, name):
-        self.drivers[name]._refill()
+        self.drivers[name].refill()
 
     def run(self, name):
         """The replica's steps until its core holds nothing (its finished blocks stay cached)."""
@@ -106,6 +106,35 @@ def test_a_prefix_cached_on_both_stays_with_the_replica_asking():
     ids = cluster.admit(PREFIX + suffix(2), PREFIX + suffix(3))
     cluster.refill("b")
     assert all(cluster.holds("b", i) for i in ids)
+
+
+def test_a_burst_sharing_an_uncached_prefix_follows_its_first_request():
+    """Before any replica has computed the prefix, the one that took its first request will: the
+    next request needing it goes there too, so the prefix is computed once."""
+    cluster = Cluster()
+    [first] = cluster.admit(PREFIX + suffix(0))
+    cluster.refill("a")
+    [second] = cluster.admit(PREFIX + suffix(1))
+    [other] = cluster.admit(list(range(900, 932)) + suffix(2))  # a prefix no one is computing
+    cluster.refill("b")
+    assert cluster.holds("a", first) and cluster.holds("b", other)
+    assert not cluster.holds("b", second) and cluster.replica("a").num_routed_by_prefix == 1
+    cluster.refill("a")
+    assert cluster.holds("a", second)
+    cluster.run("a")
+
+
+def test_a_dropped_replica_computing_a_prefix_no_longer_attracts_it():
+    cluster = Cluster()
+    cluster.admit(PREFIX + suffix(0))
+    cluster.refill("a")
+    a = cluster.replica("a")
+    cluster.replicas.remove(a)
+    a.fail()
+    cluster.requests.requeue(a)
+    [later] = cluster.admit(PREFIX + suffix(1))
+    cluster.refill("b")
+    assert cluster.holds("b", later)
 
 
 def test_load_past_the_threshold_overrides_the_cache():
