@@ -118,6 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.vllm_python:
         p.error("--vllm-python is required: vLLM's client runs every case")
     args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
+    args.request_len = args.prefix_len + args.suffix_len + args.output_len
     args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("16:128", "64:256")]
     args.engine = args.engine or [*STEPSERVE_ENGINES, "vllm"]
     return args

@@ -154,15 +154,23 @@ def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[li
                 dict(os.environ))
     if engine.startswith(LLAMA_CPP):
         slots = max(concurrency for concurrency, _ in args.case)
-        context = args.input_len + args.output_len + 16  # a slot's: one request, with room for its template
+        context = _request_context(args)
         threads = str(os.cpu_count() or 1)
         return ([args.llama_server, "-m", args.gguf[engine.removeprefix(LLAMA_CPP)], "--alias", args.served_model_name,
                  "--host", "127.0.0.1", "--port", str(port), "-t", threads, "-tb", threads, "-np", str(slots),
                  "-c", str(slots * context), "--cont-batching", "--cache-ram", "0", *args.llama_arg], dict(os.environ))
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", LD_PRELOAD=vllm_preload(args.vllm_python),
                VLLM_CPU_KVCACHE_SPACE=str(args.vllm_kv_cache_gb))
+    # the model's own max_model_len (40,960 for Qwen3) needs more KV cache than --vllm-kv-cache-gb holds,
+    # and then vllm serve hangs at start rather than exiting
+    context = [] if "--max-model-len" in args.vllm_arg else ["--max-model-len", str(_request_context(args))]
     return ([args.vllm_python, _VLLM_CLI, "serve", args.model, "--dtype", args.dtype, "--port", str(port),
-             "--served-model-name", args.served_model_name, "--seed", str(args.seed), *args.vllm_arg], env)
+             "--served-model-name", args.served_model_name, "--seed", str(args.seed), *context, *args.vllm_arg], env)
+
+
+def _request_context(args: argparse.Namespace) -> int:
+    """The tokens one request of the benchmark holds, with room for a chat template."""
+    return args.request_len + 16
 
 
 def client_command(args: argparse.Namespace, engine: str, port: int, concurrency: int, num_prompts: int,
@@ -308,6 +316,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--llama-arg", action="append", default=[], help="extra flag for `llama-server`")
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or os.path.basename(args.model.rstrip("/"))
+    args.request_len = args.input_len + args.output_len
     args.case = [tuple(int(x) for x in case.split(":")) for case in args.case or ("1:64", "16:512", "256:2000")]
     args.sampling = args.sampling or ["default", "greedy"]
     args.gguf = dict(spec.split("=", 1) for spec in args.gguf)
