@@ -19,7 +19,9 @@ A burst of prompts sharing a prefix none caches yet would each start computing i
 replica refills: so the router remembers, for the first block a routed request's replica lacks,
 that the replica will compute it (a bounded LRU of block hashes), and sends the next prompt needing
 that block there too, within the same balance bound. The prefix is then computed once, not once
-per replica. Load is counted in requests (waiting, running, routed), not
+per replica. A prompt whose first block no replica caches or computes goes to the least loaded
+one, as in SGLang's router below its match threshold: else a burst of new prefixes would all start
+on the replica that refills first, up to its watermark, and stay there. Load is counted in requests (waiting, running, routed), not
 tokens: a request whose prefix is cached costs its replica only its suffix.
 """
 from collections import OrderedDict
@@ -74,8 +76,8 @@ class Router:
     def destination(self, request: Request, refilling: Replica, replicas) -> Replica:
         """Where a request from `pending` goes when `refilling` asks for work: the replica caching
         the most of its leading blocks, more than the refilling one (or as many and computing the
-        next one already), and not past the balance threshold; else the refilling replica.
-        O(replicas x prompt blocks)."""
+        next one already; the least loaded when none caches or computes its first block), and not
+        past the balance threshold; else the refilling replica. O(replicas x prompt blocks)."""
         if not self.by_prefix or not refilling.core.enable_prefix_caching:
             return refilling
         block_size = refilling.core.capacity.block_size
@@ -100,6 +102,8 @@ class Router:
             promised = self._promised.get(next_block)
             if promised is not None and found.get(promised) == num_blocks:
                 best = candidates[promised]
+            elif num_blocks == 0:
+                best = min(candidates.values(), key=lambda replica: (self.load(replica), replica is not refilling))
         if best is not refilling and not self._within_balance(best, refilling):
             best = refilling
         if next_block is not None:

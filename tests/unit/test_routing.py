@@ -124,6 +124,23 @@ def test_a_burst_sharing_an_uncached_prefix_follows_its_first_request():
     cluster.run("a")
 
 
+def test_a_burst_of_new_prefixes_spreads_over_the_replicas_each_prefix_on_one():
+    """Prefixes no replica caches or computes go to the least loaded replica, not all to the one
+    that refills first; each prefix's later prompts follow its first."""
+    cluster = Cluster()
+    other = list(range(900, 932))
+    ids = cluster.admit(PREFIX + suffix(0), other + suffix(1), PREFIX + suffix(2), other + suffix(3))
+    cluster.refill("a")
+    assert cluster.holds("a", ids[0]) and cluster.holds("a", ids[2])
+    assert not cluster.holds("a", ids[1]) and not cluster.holds("a", ids[3])
+    assert cluster.replica("b").wakeup.is_set()
+    cluster.refill("b")
+    assert cluster.holds("b", ids[1]) and cluster.holds("b", ids[3])
+    for name in ("a", "b"):
+        cluster.run(name)
+    assert cluster.requests.num_waiting == 0
+
+
 def test_a_dropped_replica_computing_a_prefix_no_longer_attracts_it():
     cluster = Cluster()
     cluster.admit(PREFIX + suffix(0))
