@@ -14,16 +14,23 @@ only past its computed tokens, so no one writes into a shared block, with one ex
 every token is found, the last one is computed again for its logits, into a private copy of
 the last block (copy-on-write: a `blocks_to_copy` pair in the plan).
 
-Cached only once computed means requests admitted before the step computing a prefix has been
-applied compute it too (a burst of prompts sharing a prefix: the first step's worth of them).
-Blocks are never registered at planning time, so a failed step or a lost worker never leaves a
-block cached whose KV was not written; with async scheduling the rule stays in update().
+Cached only once computed: blocks are never registered at planning time, so a failed step or a
+lost worker never leaves a block cached whose KV was not written; with async scheduling the rule
+stays in update(). So that a burst of prompts sharing a prefix does not compute it once per prompt
+admitted before the first one's step is applied, the manager also knows the full prompt blocks
+that admitted requests are computing now (`computes_shared_run`): the core holds back a prompt
+whose next MIN_SHARED_TOKENS are among them for the step or two until they are cached. Shorter
+runs are computed again: a step or two of latency would cost more than they spare.
 """
 from scheduler_svc.block_hash import block_hash
 from scheduler_svc.block_pool import BlockPool
 from scheduler_svc.request import Request
 
 __all__ = ["BlockManager", "BlockPool", "CachedPrefix"]
+
+# The prompt tokens past its cached prefix that a request waits a step or two for, if another
+# request is computing them, rather than computing them again (a prefill chunk's worth on a CPU).
+MIN_SHARED_TOKENS = 256
 
 
 class CachedPrefix:
@@ -53,6 +60,8 @@ class BlockManager:
         # For health(): prompt (and resumed) tokens looked up on admission, and those found.
         self.num_prefix_cache_queries = 0
         self.num_prefix_cache_hits = 0
+        # hash of a full block an admitted request is computing, not cached yet -> that request
+        self._computing: dict[bytes, Request] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -95,6 +104,15 @@ class BlockManager:
         # Every token found: compute the last one again, for its logits.
         return CachedPrefix(block_ids, min(num_found, num_tokens - 1), num_found == num_tokens)
 
+    def computes_shared_run(self, request: Request, prefix: CachedPrefix) -> bool:
+        """Whether admitted requests are computing the next MIN_SHARED_TOKENS (in full blocks) of
+        the request past the prefix found: admitted now, it would compute them again. Hashes are
+        chained, so the run's last block alone says so. O(blocks of the run), each hashed once."""
+        last = len(prefix.block_ids) + max(1, MIN_SHARED_TOKENS // self.block_size) - 1
+        if not self._computing or (last + 1) * self.block_size > request.num_tokens:
+            return False
+        return request.params.prompt_logprobs is None and block_hash(request, last, self.block_size) in self._computing
+
     def can_admit(self, request: Request, prefix: CachedPrefix, num_tokens: int) -> bool:
         """Room for the first num_tokens tokens, counting the found blocks that are evictable now
         (sharing them takes them out of the free count) and the copy-on-write block."""
@@ -125,6 +143,9 @@ class BlockManager:
             request.block_ids = list(shared)
         request.num_cached_blocks = len(shared)
         self.append(request, num_tokens)
+        if self.enable_prefix_caching and request.params.prompt_logprobs is None:
+            for index in range(len(prefix.block_ids), request.num_tokens // self.block_size):
+                self._computing.setdefault(block_hash(request, index, self.block_size), request)
         return copies
 
     def release_copy_sources(self) -> None:
@@ -141,7 +162,10 @@ class BlockManager:
             return
         block_ids, block_size = request.block_ids, self.block_size
         for index in range(request.num_cached_blocks, num_full):
-            self.gpu.cache(block_ids[index], block_hash(request, index, block_size))
+            known = block_hash(request, index, block_size)
+            self.gpu.cache(block_ids[index], known)
+            if self._computing.get(known) is request:
+                del self._computing[known]
         request.num_cached_blocks = num_full
 
     # ---- growing, freeing, swapping --------------------------------------------------------
@@ -158,6 +182,7 @@ class BlockManager:
         return new_block_ids
 
     def free(self, request: Request, on_cpu: bool = False) -> None:
+        self._stop_computing(request)
         # Tail first: the blocks of a prefix's end are the first evicted, its head the last,
         # since a cached block is only reachable through the blocks before it.
         (self.cpu if on_cpu else self.gpu).free(reversed(request.block_ids))
@@ -165,10 +190,17 @@ class BlockManager:
         request.num_blocks_sent = 0
         request.num_cached_blocks = 0
 
+    def _stop_computing(self, request: Request) -> None:
+        """The request computes no more blocks here (freed, preempted, swapped out)."""
+        for known in (request.block_hashes or ())[request.num_cached_blocks:] if self._computing else ():
+            if self._computing.get(known) is request:
+                del self._computing[known]
+
     def drop_cache(self) -> None:
         """The worker and its KV are gone: nothing cached may be found again."""
         self.release_copy_sources()
         self.gpu.drop_cache()
+        self._computing.clear()
 
     def can_swap_out(self, request: Request) -> bool:
         return len(request.block_ids) <= self.cpu.num_free
@@ -177,6 +209,7 @@ class BlockManager:
         """Move the block table to CPU; returns (gpu, cpu) copy pairs for the worker. Shared and
         cached blocks are copied like any other; on the device they stay cached (evictable once
         no one else holds them)."""
+        self._stop_computing(request)
         return self._move(request, self.gpu, self.cpu)
 
     def can_swap_in(self, request: Request, num_tokens: int) -> bool:
@@ -204,6 +237,10 @@ class BlockManager:
         owned = [b for r in running for b in r.block_ids] + self._copy_sources
         self.gpu.check_integrity(owned)
         self.cpu.check_integrity([b for r in swapped for b in r.block_ids])
+        running_ids = {id(r) for r in running}
+        for known, request in self._computing.items():
+            assert id(request) in running_ids, f"{request} is not running but computes a block for the cache"
+            assert known in request.block_hashes[request.num_cached_blocks:], f"{request} computes no such block"
         for request in running:
             assert request.num_cached_blocks <= len(request.block_ids)
             assert request.num_cached_blocks * self.block_size <= request.num_computed_tokens

@@ -289,6 +289,8 @@ class Scheduler:
             num_new = self._num_new_tokens(request, num_computed, batch)
             if num_new == 0 or not block_manager.can_admit(request, prefix, num_computed + num_new):
                 break  # strictly in order: a big head request is not overtaken
+            if priority_below is None and block_manager.computes_shared_run(request, prefix):
+                break  # its prefix is being computed: it enters a step or two later, sharing it
             waiting.pop()
             batch.copies += block_manager.admit(request, prefix, num_computed + num_new)
             request.num_computed_tokens = num_computed  # the KV of the prefix found is there

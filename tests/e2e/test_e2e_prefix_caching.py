@@ -10,8 +10,10 @@ import random
 
 
 from client_sdk import AsyncClient, SamplingParams
+from scheduler_svc.block_manager import MIN_SHARED_TOKENS
 from stepserve.launcher import LocalCluster
 from tests.e2e_helpers import hf_greedy, wait_until_idle
+from tests.hf_model_folders import make_llama_folder
 
 BLOCK_SIZE = 4
 # 48 blocks of 4 tokens: two or three requests at a time, so growing ones preempt others.
@@ -98,3 +100,22 @@ async def test_a_prompt_cached_whole_recomputes_only_its_last_token_and_swap_com
     expected = hf_greedy(llama_folder, [prompt] + others, GREEDY.max_tokens)
     assert [first.token_ids] + [o.outputs[0].token_ids for o in outputs[:-1]] == expected
     assert outputs[-1].outputs[0].token_ids == expected[0]
+
+
+async def test_a_burst_sharing_a_long_prefix_computes_it_once_and_matches_transformers(tmp_path):
+    """Prompts sent together that share a prefix of MIN_SHARED_TOKENS or more wait for the first
+    one's step instead of computing it in the same step: every other prompt finds it whole."""
+    llama_folder = make_llama_folder(str(tmp_path / "llama"), max_position_embeddings=512)
+    rng = random.Random(11)
+    block_size = 16
+    shared = [rng.randrange(4, 1000) for _ in range(20 * block_size)]
+    assert len(shared) >= MIN_SHARED_TOKENS
+    prompts = [shared + [rng.randrange(4, 1000) for _ in range(rng.randrange(3, 12))] for _ in range(8)]
+    worker_args = ["--dtype", "float32", "--block-size", str(block_size), "--threads", "1"]
+    with LocalCluster(llama_folder, 1, worker_args=worker_args, scheduler_args=["--enable-prefix-caching"]) as cluster:
+        async with AsyncClient(cluster.address, timeout_s=120) as client:
+            await client.wait_for_workers(1)
+            outputs = await client.generate_batch(prompts, GREEDY)
+            health = await wait_until_idle(client)
+    assert health.num_prefix_cache_hits == (len(prompts) - 1) * len(shared)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(llama_folder, prompts, GREEDY.max_tokens)

@@ -6,6 +6,7 @@ that each request reads the KV of its own tokens and writes only into blocks it 
 import pytest
 
 from scheduler_svc import block_hash as block_hash_module
+from scheduler_svc import block_manager as block_manager_module
 from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.block_pool import BlockPool
 from scheduler_svc.request import Request
@@ -95,6 +96,69 @@ def test_a_shared_prefix_is_computed_once_and_its_blocks_shared():
     assert manager.num_prefix_cache_queries == 10 + 9 and manager.num_prefix_cache_hits == 8
     run_until_idle(scheduler, worker)
     assert scheduler.num_free_blocks == scheduler.num_total_blocks
+    scheduler.check_integrity()
+
+
+def test_a_prompt_whose_prefix_is_being_computed_waits_for_it_and_shares_it(monkeypatch):
+    """Two plans in flight (async scheduling): b waits until the step computing a's prefix is
+    applied, then enters sharing it, instead of computing it in the same step as a."""
+    monkeypatch.setattr(block_manager_module, "MIN_SHARED_TOKENS", len(PREFIX))
+    scheduler, worker = make_scheduler(block_size=4), FakeWorker(4)
+    scheduler.add_request(prompt_request("a", PREFIX + [1], max_tokens=4))
+    scheduler.add_request(prompt_request("b", PREFIX + [2], max_tokens=4))
+    scheduler.add_request(prompt_request("c", [300, 301], max_tokens=4))  # behind b: waits too, in order
+    first = scheduler.schedule()
+    second = scheduler.schedule()
+    assert [r.request_id for r in first.new_requests] == ["a"] and second.new_requests == []
+    scheduler.update(first, worker.run(first))
+    third = scheduler.schedule()
+    assert [(r.request_id, r.num_computed_tokens) for r in third.new_requests] == [("b", 8), ("c", 0)]
+    scheduler.update(second, worker.run(second))
+    scheduler.update(third, worker.run(third))
+    run_until_idle(scheduler, worker)
+    assert worker.num_cached_tokens_read == 8
+    assert scheduler.num_free_blocks == scheduler.num_total_blocks
+
+
+def test_a_shared_run_shorter_than_the_minimum_is_computed_again(monkeypatch):
+    monkeypatch.setattr(block_manager_module, "MIN_SHARED_TOKENS", len(PREFIX) + 4)
+    scheduler, worker = make_scheduler(block_size=4), FakeWorker(4)
+    scheduler.add_request(prompt_request("a", PREFIX + [1, 2, 3, 4, 5], max_tokens=2))
+    scheduler.add_request(prompt_request("b", PREFIX + [6, 7, 8, 9, 10], max_tokens=2))
+    plan, _ = step(scheduler, worker)
+    assert [r.request_id for r in plan.new_requests] == ["a", "b"]
+    run_until_idle(scheduler, worker)
+
+
+def test_a_prompt_waiting_for_a_prefix_enters_when_its_computer_is_aborted(monkeypatch):
+    monkeypatch.setattr(block_manager_module, "MIN_SHARED_TOKENS", len(PREFIX))
+    scheduler, worker = make_scheduler(block_size=4), FakeWorker(4)
+    scheduler.add_request(prompt_request("a", PREFIX + [1], max_tokens=4))
+    first = scheduler.schedule()  # a computes the prefix, its step in flight
+    scheduler.add_request(prompt_request("b", PREFIX + [2], max_tokens=4))
+    second = scheduler.schedule()
+    assert second.new_requests == []  # b waits for a's step
+    scheduler.abort("a")
+    for plan in (first, second):
+        scheduler.update(plan, worker.run(plan))
+    run_until_idle(scheduler, worker)  # b computes the prefix itself
+    assert worker.num_cached_tokens_read == 0
+
+
+def test_a_prompt_preempting_the_one_computing_its_prefix_computes_it_itself(monkeypatch):
+    """Priority preemption: the urgent request does not wait for the prefix of the request it
+    preempts, which computes nothing more."""
+    monkeypatch.setattr(block_manager_module, "MIN_SHARED_TOKENS", len(PREFIX))
+    scheduler, worker = make_scheduler(block_size=4, policy="priority", max_num_seqs=1), FakeWorker(4)
+    scheduler.add_request(prompt_request("a", PREFIX + [1], max_tokens=4, priority=1))
+    first = scheduler.schedule()
+    scheduler.add_request(prompt_request("b", PREFIX + [2], max_tokens=4, priority=0))
+    second = scheduler.schedule()
+    assert second.preempted_ids == ["a"] and [r.request_id for r in second.new_requests] == ["b"]
+    assert second.new_requests[0].num_computed_tokens == 0
+    scheduler.update(first, worker.run(first))
+    scheduler.update(second, worker.run(second))
+    run_until_idle(scheduler, worker)
     scheduler.check_integrity()
 
 
