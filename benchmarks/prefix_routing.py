@@ -25,8 +25,8 @@ import tempfile
 import urllib.request
 
 from benchmarks.cpu_info import cpu_summary
-from benchmarks.serve_peers import (METRICS, WARM_UP_SEED_OFFSET, _free_port, add_server_args, run_benchmark_client,
-                                    running_server, server_command, vllm_bench_command)
+from benchmarks.serve_peers import (METRICS, WARM_UP_SEED_OFFSET, _free_port, add_server_args, engine_summaries,
+                                    run_benchmark_client, running_server, server_command, vllm_bench_command)
 
 # Each stepserve engine: the flags it adds to `stepserve serve`.
 STEPSERVE_ENGINES = {
@@ -90,12 +90,8 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def _line(row: dict) -> str:
-    parts = [f"c={row['concurrency']}:"]
-    for engine, m in row.items():
-        if isinstance(m, dict) and "request_throughput" in m:
-            parts.append(f"{engine} {m['request_throughput']:.2f} req/s, TTFT p50/p99 {m['median_ttft_ms']:.0f}/"
-                         f"{m['p99_ttft_ms']:.0f} ms, TPOT p50 {m['median_tpot_ms']:.1f} ms, hit rate "
-                         f"{m['prefix_cache_hit_rate']:.3f}, {m['failed']} failed;")
+    parts = [f"c={row['concurrency']}:",
+             *engine_summaries(row, lambda metrics: f"hit rate {metrics['prefix_cache_hit_rate']:.3f}, ")]
     for engine, versus in row.get("prefix_vs", {}).items():
         parts.append(f"prefix vs {engine}: {versus['requests_per_s_ratio']:.2f}x req/s, "
                      f"TTFT p50 {versus['ttft_p50_ratio']:.2f}x;")

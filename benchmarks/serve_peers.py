@@ -266,13 +266,16 @@ def summarize(runs: list[dict]) -> list[dict]:
     return summary
 
 
+def engine_summaries(row: dict, extra=lambda metrics: "") -> list[str]:
+    """A summary row's engines, one printable part each; extra(metrics) goes before the failures."""
+    return [f"{engine} {m['request_throughput']:.2f} req/s, TTFT p50/p99 {m['median_ttft_ms']:.0f}/"
+            f"{m['p99_ttft_ms']:.0f} ms, TPOT p50/p99 {m['median_tpot_ms']:.1f}/{m['p99_tpot_ms']:.1f} ms, "
+            f"{extra(m)}{m['failed']} failed;"
+            for engine, m in row.items() if isinstance(m, dict) and "request_throughput" in m]
+
+
 def _line(row: dict) -> str:
-    parts = [f"c={row['concurrency']} {row['sampling']}:"]
-    for engine, m in row.items():
-        if isinstance(m, dict) and "request_throughput" in m:
-            parts.append(f"{engine} {m['request_throughput']:.2f} req/s, TTFT p50/p99 {m['median_ttft_ms']:.0f}/"
-                         f"{m['p99_ttft_ms']:.0f} ms, TPOT p50/p99 {m['median_tpot_ms']:.1f}/"
-                         f"{m['p99_tpot_ms']:.1f} ms, {m['failed']} failed;")
+    parts = [f"c={row['concurrency']} {row['sampling']}:", *engine_summaries(row)]
     for engine, versus in row.get("vs", {}).items():
         parts.append(f"{versus['ratio']:.2f}x {engine};")
     return " ".join(parts)
