@@ -26,7 +26,8 @@ import urllib.request
 
 from benchmarks.cpu_info import cpu_summary
 from benchmarks.serve_peers import (METRICS, WARM_UP_SEED_OFFSET, _free_port, add_server_args, engine_summaries,
-                                    run_benchmark_client, running_server, server_command, vllm_bench_command)
+                                    report, run_benchmark_client, running_server, server_command,
+                                    vllm_bench_command)
 
 # Each stepserve engine: the flags it adds to `stepserve serve`.
 STEPSERVE_ENGINES = {
@@ -146,14 +147,8 @@ def main(argv=None) -> int:
                                       args.seed + case_index)}
                     runs.append(run)
                     print(json.dumps(run), flush=True)
-    summary = summarize(runs)
-    for row in summary:
-        print(_line(row), flush=True)
-    if args.json:
-        print(json.dumps({"cpu": cpu, "model": args.served_model_name, "dtype": args.dtype,
-                          "num_prefixes": args.num_prefixes, "prefix_len": args.prefix_len,
-                          "suffix_len": args.suffix_len, "output_len": args.output_len, "cases": summary}))
-    return 0 if all(run["failed"] == 0 for run in runs) else 1
+    return report(args, cpu, runs, summarize(runs), _line, num_prefixes=args.num_prefixes, prefix_len=args.prefix_len,
+                  suffix_len=args.suffix_len, output_len=args.output_len)
 
 
 if __name__ == "__main__":

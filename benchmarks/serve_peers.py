@@ -364,12 +364,16 @@ def main(argv=None) -> int:
                                             seed)}
                         runs.append(run)
                         print(json.dumps(run), flush=True)
-    summary = summarize(runs)
+    return report(args, cpu, runs, summarize(runs), _line, input_len=args.input_len, output_len=args.output_len)
+
+
+def report(args: argparse.Namespace, cpu: str, runs: list[dict], summary: list[dict], line, **workload) -> int:
+    """Prints the summary's rows, and with --json the whole as one line; 0 if no request failed."""
     for row in summary:
-        print(_line(row), flush=True)
+        print(line(row), flush=True)
     if args.json:
-        print(json.dumps({"cpu": cpu, "model": args.served_model_name, "dtype": args.dtype,
-                          "input_len": args.input_len, "output_len": args.output_len, "cases": summary}))
+        print(json.dumps({"cpu": cpu, "model": args.served_model_name, "dtype": args.dtype, **workload,
+                          "cases": summary}))
     return 0 if all(run["failed"] == 0 for run in runs) else 1
 
 
