@@ -21,8 +21,9 @@ that the replica will compute it (a bounded LRU of block hashes), and sends the 
 that block there too, within the same balance bound. The prefix is then computed once, not once
 per replica. A prompt whose first block no replica caches or computes goes to the least loaded
 one, as in SGLang's router below its match threshold: else a burst of new prefixes would all start
-on the replica that refills first, up to its watermark, and stay there. Load is counted in requests (waiting, running, routed), not
-tokens: a request whose prefix is cached costs its replica only its suffix.
+on the replica that refills first, up to its watermark, and stay there. Load is counted in
+requests (waiting, running, routed), not tokens: a request whose prefix is cached costs its
+replica only its suffix.
 """
 from collections import OrderedDict
 
