@@ -57,7 +57,8 @@ def run_case(args: argparse.Namespace, engine: str, port: int, server_pid: int, 
     dataset = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(args.prefix_len),
                "--prefix-repetition-suffix-len", str(args.suffix_len),
                "--prefix-repetition-num-prefixes", str(args.num_prefixes),
-               "--prefix-repetition-output-len", str(args.output_len), "--temperature", "0",
+               "--prefix-repetition-output-len", str(args.output_len),
+               *(["--temperature", "0"] if args.sampling == "greedy" else []),
                "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--seed", str(seed)]
     hits_before, queries_before = prefix_cache_counts(port, engine)
     row, _ = run_benchmark_client(lambda path: vllm_bench_command(args, f"http://127.0.0.1:{port}", dataset, path),
@@ -111,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefix-len", type=int, default=512)
     p.add_argument("--suffix-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--sampling", choices=("greedy", "default"), default="greedy",
+                   help="greedy, or each server's default sampling (the model's generation config)")
     args = p.parse_args(argv)
     if not args.vllm_python:
         p.error("--vllm-python is required: vLLM's client runs every case")
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
                     runs.append(run)
                     print(json.dumps(run), flush=True)
     return report(args, cpu, runs, summarize(runs), _line, num_prefixes=args.num_prefixes, prefix_len=args.prefix_len,
-                  suffix_len=args.suffix_len, output_len=args.output_len)
+                  suffix_len=args.suffix_len, output_len=args.output_len, sampling=args.sampling)
 
 
 if __name__ == "__main__":

@@ -163,9 +163,9 @@ def server_command(engine: str, args: argparse.Namespace, port: int) -> tuple[li
                VLLM_CPU_KVCACHE_SPACE=str(args.vllm_kv_cache_gb))
     # the model's own max_model_len (40,960 for Qwen3) needs more KV cache than --vllm-kv-cache-gb holds,
     # and then vllm serve hangs at start rather than exiting
-    context = [] if "--max-model-len" in args.vllm_arg else ["--max-model-len", str(_request_context(args))]
+    max_model_len = [] if "--max-model-len" in args.vllm_arg else ["--max-model-len", str(_request_context(args))]
     return ([args.vllm_python, _VLLM_CLI, "serve", args.model, "--dtype", args.dtype, "--port", str(port),
-             "--served-model-name", args.served_model_name, "--seed", str(args.seed), *context, *args.vllm_arg], env)
+             "--served-model-name", args.served_model_name, "--seed", str(args.seed), *max_model_len, *args.vllm_arg], env)
 
 
 def _request_context(args: argparse.Namespace) -> int:

@@ -87,11 +87,16 @@ class BlockManager:
 
     # ---- admission -----------------------------------------------------------------------
 
+    def shares_prefix(self, request: Request) -> bool:
+        """Whether the request takes part in the prefix cache: not when caching is off, nor when it
+        asks for prompt logprobs (cached blocks hold KV, not the logits it needs)."""
+        return self.enable_prefix_caching and request.params.prompt_logprobs is None
+
     def find_cached_prefix(self, request: Request) -> CachedPrefix:
         """The longest run of the request's leading full blocks whose KV the cache holds.
         O(blocks found + 1); takes no reference, so it may be asked again next step. A request
         asking for prompt logprobs finds none: cached blocks hold KV, not the logits it needs."""
-        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+        if not self.shares_prefix(request):
             return NO_PREFIX
         block_size, num_tokens = self.block_size, request.num_tokens
         block_ids = []
@@ -111,7 +116,7 @@ class BlockManager:
         last = len(prefix.block_ids) + max(1, MIN_SHARED_TOKENS // self.block_size) - 1
         if not self._computing or (last + 1) * self.block_size > request.num_tokens:
             return False
-        return request.params.prompt_logprobs is None and block_hash(request, last, self.block_size) in self._computing
+        return self.shares_prefix(request) and block_hash(request, last, self.block_size) in self._computing
 
     def can_admit(self, request: Request, prefix: CachedPrefix, num_tokens: int) -> bool:
         """Room for the first num_tokens tokens, counting the found blocks that are evictable now
@@ -143,7 +148,7 @@ class BlockManager:
             request.block_ids = list(shared)
         request.num_cached_blocks = len(shared)
         self.append(request, num_tokens)
-        if self.enable_prefix_caching and request.params.prompt_logprobs is None:
+        if self.shares_prefix(request):
             for index in range(len(prefix.block_ids), request.num_tokens // self.block_size):
                 self._computing.setdefault(block_hash(request, index, self.block_size), request)
         return copies
@@ -192,7 +197,9 @@ class BlockManager:
 
     def _stop_computing(self, request: Request) -> None:
         """The request computes no more blocks here (freed, preempted, swapped out)."""
-        for known in (request.block_hashes or ())[request.num_cached_blocks:] if self._computing else ():
+        if not self._computing or request.block_hashes is None:
+            return
+        for known in request.block_hashes[request.num_cached_blocks:]:
             if self._computing.get(known) is request:
                 del self._computing[known]
 

@@ -98,7 +98,7 @@ class Router:
         num_blocks = found[best.name]
         next_block = (block_hash(request, num_blocks, block_size)
                       if (num_blocks + 1) * block_size <= request.num_tokens
-                      and request.params.prompt_logprobs is None else None)
+                      and refilling.core.block_manager.shares_prefix(request) else None)
         if next_block is not None:
             promised = self._promised.get(next_block)
             if promised is not None and found.get(promised) == num_blocks:
