@@ -9,12 +9,12 @@ D C B A), medians over the rounds.
 Each server starts afresh, is warmed with an untimed run of the highest concurrency (prefixes of
 their own), and runs every case (CONCURRENCY:NUM_PROMPTS) with a seed of its own, so each case's
 prefixes are new to every cache: the run measures computing each prefix where it is needed, and
-finding it again. Greedy (temperature 0), or with --sampling default each server's own defaults. The prefix
-cache hit rate of a run is the servers' own
-count, from /metrics before and after (stepserve:prefix_cache_hits / _queries, summed over the
-replicas; vllm:prefix_cache_hits / _queries), in prompt tokens. Prints one JSON line per run and a
-summary: medians per engine, and --routing prefix against each other engine (requests/s ratio,
-TTFT p50 ratio, hit rates); with the CPU named.
+finding it again. Greedy (temperature 0), or with --sampling default each server's own defaults.
+The prefix cache hit rate of a run is the servers' own count, from /metrics before and after
+(stepserve:prefix_cache_hits / _queries, summed over the replicas; vllm:prefix_cache_hits /
+_queries), in prompt tokens. Prints one JSON line per run and a summary: medians per engine, and
+--routing prefix against each other engine (requests/s ratio, TTFT p50 ratio, hit rates); with the
+CPU named.
 """
 import argparse
 import json
