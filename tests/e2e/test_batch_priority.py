@@ -36,10 +36,10 @@ async def test_an_interactive_request_preempts_a_running_batch_request():
             assert after.num_preemptions > before.num_preemptions
             # Admitted in the plan after the one in flight, with its first token; 3 more steps: 6.
             # The steps while `before`'s reply and the request travel, and while the reply and
-            # `after`'s query do, count too: a couple more on a loaded host (8 seen). Without the
+            # `after`'s query do, count too: more on a loaded 2-core host (13 seen). Without the
             # preemption it would wait for a batch request to end (tens of steps, and the count
             # of finished requests above would show it).
-            assert after.num_steps - before.num_steps <= 12, (before, after)
+            assert after.num_steps - before.num_steps <= 18, (before, after)
             assert [o.outputs[0].token_ids for o in await batch] == alone  # recomputed exactly
             assert len(interactive.outputs[0].token_ids) == 4
             await wait_until_idle(client)
